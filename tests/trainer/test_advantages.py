@@ -1,0 +1,233 @@
+"""Advantage estimators against plain-loop references (float64, random right-padded masks)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_trainer.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    AdvantageInputs,
+    compute_advantages,
+    register_advantage,
+)
+
+ATOL = 1e-6
+NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo"]
+GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo"]
+
+
+def make_inputs(n_prompts: int, n: int, t: int, seed: int, with_kl: bool = True, allow_empty=False):
+    gen = torch.Generator().manual_seed(seed)
+    b = n_prompts * n
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    lengths[0] = t  # one full-width response in every batch
+    if allow_empty:
+        lengths[1] = 0
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    rewards = torch.randn(b, generator=gen, dtype=torch.float64)
+    kl = 0.05 * torch.randn(b, t, generator=gen, dtype=torch.float64) * mask if with_kl else None
+    values = torch.randn(b, t, generator=gen, dtype=torch.float64)
+    return AdvantageInputs(rewards, mask, kl, values, n), lengths.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# independent references: python lists and loops only
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_token_rewards(inputs: AdvantageInputs, seq_rewards: list[float], lengths: list[int]):
+    t_max = inputs.action_mask.shape[1]
+    out = []
+    for b, length in enumerate(lengths):
+        row = [0.0] * t_max
+        for t in range(length):
+            row[t] = -(inputs.kl_penalty[b, t].item() if inputs.kl_penalty is not None else 0.0)
+        if length > 0:
+            row[length - 1] += seq_rewards[b]
+        out.append(row)
+    return out
+
+
+def ref_returns(rewards, lengths, gamma):
+    out = []
+    for row, length in zip(rewards, lengths):
+        ret = [0.0] * len(row)
+        g = 0.0
+        for t in range(length - 1, -1, -1):
+            g = row[t] + gamma * g
+            ret[t] = g
+        out.append(ret)
+    return out
+
+
+def ref_gae(rewards, values, lengths, gamma, lambd):
+    advs, rets = [], []
+    for b, length in enumerate(lengths):
+        adv = [0.0] * len(rewards[b])
+        ret = [0.0] * len(rewards[b])
+        running = 0.0
+        for t in range(length - 1, -1, -1):
+            next_v = values[b][t + 1] if t + 1 < length else 0.0
+            delta = rewards[b][t] + gamma * next_v - values[b][t]
+            running = delta + gamma * lambd * running
+            adv[t] = running
+            ret[t] = running + values[b][t]
+        advs.append(adv)
+        rets.append(ret)
+    return advs, rets
+
+
+def ref_whiten(x, lengths, eps, unbiased):
+    flat = [x[b][t] for b, length in enumerate(lengths) for t in range(length)]
+    mean = sum(flat) / len(flat)
+    var = sum((v - mean) ** 2 for v in flat) / (len(flat) - 1 if unbiased else len(flat))
+    return [
+        [(x[b][t] - mean) / math.sqrt(var + eps) if t < length else 0.0 for t in range(len(x[b]))]
+        for b, length in enumerate(lengths)
+    ]
+
+
+def ref_shaped_rewards(name: str, rewards: list[float], n: int, eps: float, unbiased: bool):
+    out = []
+    for p in range(0, len(rewards), n):
+        group = rewards[p : p + n]
+        mean = sum(group) / n
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (n - 1 if unbiased else n))
+        for i, r in enumerate(group):
+            if name in ("reinforce++-baseline", "dr-grpo"):
+                out.append(r - mean)
+            elif name == "group-norm":
+                out.append((r - mean) / (std + eps))
+            elif name == "rloo":
+                others = [group[j] for j in range(n) if j != i]
+                out.append(r - sum(others) / len(others))
+            else:
+                out.append(r)
+    return out
+
+
+def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: AdvantageConfig):
+    seq = ref_shaped_rewards(
+        name, inputs.rewards.tolist(), inputs.n_samples_per_prompt, cfg.eps, cfg.unbiased_std
+    )
+    rewards = ref_token_rewards(inputs, seq, lengths)
+    if name == "gae":
+        adv, ret = ref_gae(rewards, inputs.values.tolist(), lengths, cfg.gamma, cfg.lambd)
+    else:
+        ret = ref_returns(rewards, lengths, cfg.gamma)
+        adv = [list(row) for row in ret]
+    default_whiten = name in ("gae", "reinforce++", "reinforce++-baseline")
+    if default_whiten if cfg.whiten is None else cfg.whiten:
+        adv = ref_whiten(adv, lengths, cfg.eps, cfg.unbiased_std)
+    return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_registry_keys_are_exactly_the_api_names():
+    assert sorted(ADVANTAGE_ESTIMATORS) == sorted(NAMES)
+
+
+def test_unknown_estimator_lists_valid_names():
+    inputs, _ = make_inputs(1, 2, 3, seed=0)
+    with pytest.raises(KeyError) as err:
+        compute_advantages("grpo", inputs)
+    for name in NAMES:
+        assert name in str(err.value)
+
+
+def test_register_advantage_adds_and_refuses_duplicates():
+    @register_advantage("zero-test-only")
+    def zero(inputs, cfg):
+        return torch.zeros_like(inputs.values), torch.zeros_like(inputs.values)
+
+    try:
+        assert ADVANTAGE_ESTIMATORS["zero-test-only"] is zero
+        with pytest.raises(ValueError):
+            register_advantage("gae")(zero)
+    finally:
+        del ADVANTAGE_ESTIMATORS["zero-test-only"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "n_prompts,n,t,seed", [(1, 2, 1, 0), (3, 4, 7, 1), (4, 2, 16, 2), (2, 8, 33, 3)]
+)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        AdvantageConfig(),
+        AdvantageConfig(gamma=0.9, lambd=0.8, whiten=True, unbiased_std=False, eps=1e-6),
+        AdvantageConfig(gamma=0.99, lambd=1.0, whiten=False),
+    ],
+    ids=["defaults", "discounted-whitened-population", "no-whiten"],
+)
+def test_estimator_matches_loop_reference(name, n_prompts, n, t, seed, cfg):
+    inputs, lengths = make_inputs(n_prompts, n, t, seed)
+    if sum(lengths) < 2 and (cfg.whiten or cfg.whiten is None):
+        pytest.skip("whitening needs two tokens")
+    adv, ret = compute_advantages(name, inputs, cfg)
+    ref_adv, ref_ret = reference(name, inputs, lengths, cfg)
+    assert adv.shape == ret.shape == inputs.action_mask.shape
+    torch.testing.assert_close(adv, ref_adv, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ret, ref_ret, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_kl_penalty_and_with_empty_responses(name):
+    inputs, lengths = make_inputs(3, 4, 9, seed=7, with_kl=False, allow_empty=True)
+    assert 0 in lengths, "the case needs an empty response"
+    cfg = AdvantageConfig(gamma=0.95)
+    adv, ret = compute_advantages(name, inputs, cfg)
+    ref_adv, ref_ret = reference(name, inputs, lengths, cfg)
+    torch.testing.assert_close(adv, ref_adv, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ret, ref_ret, atol=ATOL, rtol=0)
+    assert torch.all(adv[~inputs.action_mask] == 0) and torch.all(ret[~inputs.action_mask] == 0)
+
+
+def test_group_norm_gives_unit_scale_groups_and_zero_for_constant_groups():
+    rewards = torch.tensor([1.0, 3.0, 2.0, 2.0], dtype=torch.float64)
+    mask = torch.ones(4, 1, dtype=torch.bool)
+    adv, _ = compute_advantages("group-norm", AdvantageInputs(rewards, mask, n_samples_per_prompt=2))
+    # group 1: mean 2, Bessel std sqrt(2); group 2: all equal -> 0
+    expected = torch.tensor([[-1 / math.sqrt(2)], [1 / math.sqrt(2)], [0.0], [0.0]], dtype=torch.float64)
+    torch.testing.assert_close(adv, expected, atol=ATOL, rtol=0)
+
+
+def test_critic_free_advantage_is_constant_along_the_response_without_kl():
+    inputs, lengths = make_inputs(2, 4, 6, seed=5, with_kl=False)
+    adv, _ = compute_advantages("rloo", inputs, AdvantageConfig(gamma=1.0))
+    for b, length in enumerate(lengths):
+        assert torch.allclose(adv[b, :length], adv[b, 0].expand(length))
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_grouped_estimators_refuse_groups_without_a_baseline(name):
+    inputs, _ = make_inputs(3, 1, 4, seed=0)
+    with pytest.raises(ValueError, match="n_samples_per_prompt"):
+        compute_advantages(name, inputs)
+    inputs, _ = make_inputs(1, 5, 4, seed=0)
+    inputs.n_samples_per_prompt = 2  # 5 rows do not split into groups of 2
+    with pytest.raises(ValueError, match="n_samples_per_prompt"):
+        compute_advantages(name, inputs)
+
+
+def test_gae_needs_values():
+    inputs, _ = make_inputs(1, 2, 3, seed=0)
+    inputs.values = None
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages("gae", inputs)
+
+
+def test_gae_returns_are_not_whitened():
+    inputs, lengths = make_inputs(2, 2, 5, seed=11)
+    adv_w, ret_w = compute_advantages("gae", inputs, AdvantageConfig(whiten=True))
+    adv_raw, ret_raw = compute_advantages("gae", inputs, AdvantageConfig(whiten=False))
+    torch.testing.assert_close(ret_w, ret_raw, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ret_raw, (adv_raw + inputs.values) * inputs.action_mask, atol=ATOL, rtol=0)
+    assert not torch.allclose(adv_w, adv_raw)

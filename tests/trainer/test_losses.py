@@ -1,0 +1,293 @@
+"""Online losses, aggregation and SFT/RM losses against plain-loop references (float64)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_trainer.losses import (
+    LOSS_AGGREGATIONS,
+    aggregate_loss,
+    entropy_bonus,
+    entropy_from_logits,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    pairwise_reward_loss,
+    ppo_policy_loss,
+    reward_accuracy,
+    sft_loss,
+    token_log_probs,
+    value_loss,
+)
+
+ATOL = 1e-6
+SHAPES = [(1, 1), (3, 7), (8, 16), (2, 65)]
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def make_mask(b: int, t: int, gen: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    return torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1), lengths.tolist()
+
+
+def ref_aggregate(table: list[list[float]], lengths: list[int], mode: str, normalizer=None) -> float:
+    """table[b][t] per-token values; only t < lengths[b] count."""
+    rows = [row[:length] for row, length in zip(table, lengths)]
+    if mode == "token-mean":
+        flat = [v for row in rows for v in row]
+        return sum(flat) / len(flat)
+    if mode == "seq-mean-token-mean":
+        return sum(sum(row) / len(row) for row in rows) / len(rows)
+    if mode == "seq-mean-token-sum":
+        return sum(sum(row) for row in rows) / len(rows)
+    budget = len(table[0]) if normalizer is None else normalizer
+    return sum(sum(row) for row in rows) / len(rows) / budget
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation and masked helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_aggregation_registry_keys_and_unknown_name():
+    assert sorted(LOSS_AGGREGATIONS) == sorted(AGGS)
+    with pytest.raises(KeyError) as err:
+        aggregate_loss(torch.ones(1, 1), torch.ones(1, 1), "seq-sum")
+    for name in AGGS:
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize("mode", AGGS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_aggregation_matches_reference(mode, shape):
+    gen = torch.Generator().manual_seed(shape[1])
+    loss = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    mask, lengths = make_mask(*shape, gen)
+    got = aggregate_loss(loss, mask, mode)
+    assert abs(got.item() - ref_aggregate(loss.tolist(), lengths, mode)) < ATOL
+    if mode == "seq-mean-token-sum-norm":
+        got = aggregate_loss(loss, mask, mode, normalizer=100)
+        assert abs(got.item() - ref_aggregate(loss.tolist(), lengths, mode, 100)) < ATOL
+
+
+def test_sequence_modes_differ_from_token_mean_on_ragged_masks():
+    loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [5.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    assert aggregate_loss(loss, mask, "token-mean").item() == pytest.approx(9 / 5)
+    assert aggregate_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(4.5)
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", 9).item() == pytest.approx(0.5)
+
+
+def test_masked_helpers_match_reference_and_ignore_padding_values():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 9, generator=gen, dtype=torch.float64)
+    mask, lengths = make_mask(5, 9, gen)
+    x_poisoned = torch.where(mask, x, torch.full_like(x, 1e6))
+    flat = [x[b, t].item() for b, length in enumerate(lengths) for t in range(length)]
+    mean = sum(flat) / len(flat)
+    for unbiased in (False, True):
+        var = sum((v - mean) ** 2 for v in flat) / (len(flat) - (1 if unbiased else 0))
+        assert abs(masked_var(x_poisoned, mask, unbiased).item() - var) < ATOL
+        white = masked_whiten(x_poisoned, mask, eps=1e-8, unbiased=unbiased)
+        for b, length in enumerate(lengths):
+            for t in range(9):
+                want = (x[b, t].item() - mean) / math.sqrt(var + 1e-8) if t < length else 0.0
+                assert abs(white[b, t].item() - want) < ATOL
+    assert abs(masked_mean(x_poisoned, mask).item() - mean) < ATOL
+    row_means = masked_mean(x_poisoned, mask, dim=-1)
+    for b, length in enumerate(lengths):
+        assert abs(row_means[b].item() - sum(x[b, :length].tolist()) / length) < ATOL
+    assert masked_mean(x, torch.zeros_like(mask), dim=-1).abs().max() == 0  # empty rows: 0, not NaN
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO policy loss
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_ppo_token(lp, old, adv, eps_low, eps_high, dual):
+    ratio = math.exp(lp - old)
+    surr1 = ratio * adv
+    surr2 = min(max(ratio, 1 - eps_low), 1 + eps_high) * adv
+    objective = min(surr1, surr2)
+    dual_active = False
+    if dual is not None and adv < 0 and dual * adv > objective:
+        objective, dual_active = dual * adv, True
+    return -objective, surr2 < surr1, dual_active
+
+
+def make_policy_batch(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(*shape, generator=gen, dtype=torch.float64) * 3
+    new = old + 0.8 * torch.randn(*shape, generator=gen, dtype=torch.float64)  # ratios far outside the clip
+    adv = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    mask, lengths = make_mask(*shape, gen)
+    return new, old, adv, mask, lengths
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", AGGS)
+@pytest.mark.parametrize(
+    "eps_low,eps_high,dual", [(0.2, None, None), (0.2, 0.28, None), (0.1, None, 2.0), (0.2, 0.3, 1.5)]
+)
+def test_ppo_loss_matches_reference(shape, mode, eps_low, eps_high, dual):
+    new, old, adv, mask, lengths = make_policy_batch(shape, seed=shape[0] * 100 + shape[1])
+    out = ppo_policy_loss(new, old, adv, mask, eps_low, eps_high, dual, aggregation=mode)
+    table, clipped, duals, kls = [], [], [], []
+    for b in range(shape[0]):
+        row = []
+        for t in range(shape[1]):
+            loss, c, d = ref_ppo_token(
+                new[b, t].item(), old[b, t].item(), adv[b, t].item(),
+                eps_low, eps_low if eps_high is None else eps_high, dual,
+            )
+            row.append(loss)
+            if t < lengths[b]:
+                clipped.append(c)
+                duals.append(d)
+                r = math.exp(new[b, t].item() - old[b, t].item())
+                kls.append(r - 1 - math.log(r))
+        table.append(row)
+    assert abs(out.loss.item() - ref_aggregate(table, lengths, mode)) < ATOL
+    assert abs(out.clip_fraction.item() - sum(clipped) / len(clipped)) < ATOL
+    assert abs(out.dual_clip_fraction.item() - sum(duals) / len(duals)) < ATOL
+    assert abs(out.approx_kl.item() - sum(kls) / len(kls)) < ATOL
+    if dual is not None and shape[1] > 10:
+        assert out.dual_clip_fraction.item() > 0, "the inputs must exercise the dual clip"
+
+
+def test_ppo_gradient_flows_only_through_unclipped_tokens():
+    new = torch.tensor([[0.5, 0.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    ppo_policy_loss(new, old, adv, mask, 0.2).loss.backward()
+    # token 0: ratio e^0.5 > 1.2 with A > 0 -> clipped, zero gradient; token 1: ratio 1 -> -A/3
+    assert new.grad[0, 0].item() == 0.0
+    assert new.grad[0, 1].item() == pytest.approx(-1 / 3)
+    assert new.grad[0, 2].item() == pytest.approx(-math.exp(-0.5) / 3)
+
+
+def test_ppo_refuses_dual_clip_not_above_one():
+    new, old, adv, mask, _ = make_policy_batch((2, 3), seed=0)
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_policy_loss(new, old, adv, mask, dual_clip=1.0)
+
+
+def test_policy_metrics_are_plain_floats():
+    new, old, adv, mask, _ = make_policy_batch((2, 3), seed=0)
+    metrics = ppo_policy_loss(new, old, adv, mask).metrics()
+    assert set(metrics) == {"loss", "clip_fraction", "dual_clip_fraction", "approx_kl"}
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# value loss
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("clip", [None, 0.2, 0.5])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_value_loss_matches_reference(shape, clip, mode):
+    gen = torch.Generator().manual_seed(sum(shape))
+    old = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    values = old + 0.5 * torch.randn(*shape, generator=gen, dtype=torch.float64)
+    returns = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    mask, lengths = make_mask(*shape, gen)
+    out = value_loss(values, old, returns, mask, clip, aggregation=mode)
+    table, clipped = [], []
+    for b in range(shape[0]):
+        row = []
+        for t in range(shape[1]):
+            v, o, r = values[b, t].item(), old[b, t].item(), returns[b, t].item()
+            err = (v - r) ** 2
+            if clip is None:
+                row.append(0.5 * err)
+                is_clipped = False
+            else:
+                vc = o + min(max(v - o, -clip), clip)
+                err_c = (vc - r) ** 2
+                row.append(0.5 * max(err, err_c))
+                is_clipped = err_c > err
+            if t < lengths[b]:
+                clipped.append(is_clipped)
+        table.append(row)
+    assert abs(out.loss.item() - ref_aggregate(table, lengths, mode)) < ATOL
+    assert abs(out.clip_fraction.item() - sum(clipped) / len(clipped)) < ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# entropy, SFT, reward model
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_log_softmax(row: list[float]) -> list[float]:
+    m = max(row)
+    lse = m + math.log(sum(math.exp(z - m) for z in row))
+    return [z - lse for z in row]
+
+
+@pytest.mark.parametrize("b,t,v", [(1, 1, 2), (3, 5, 11), (2, 8, 64)])
+def test_entropy_and_bonus_match_reference(b, t, v):
+    gen = torch.Generator().manual_seed(v)
+    logits = 3 * torch.randn(b, t, v, generator=gen, dtype=torch.float64)
+    mask, lengths = make_mask(b, t, gen)
+    ent = entropy_from_logits(logits)
+    table = []
+    for i in range(b):
+        row = []
+        for j in range(t):
+            logp = ref_log_softmax(logits[i, j].tolist())
+            row.append(-sum(math.exp(lp) * lp for lp in logp))
+            assert abs(ent[i, j].item() - row[-1]) < ATOL
+        table.append(row)
+    bonus = entropy_bonus(ent, mask, coef=0.01)
+    assert abs(bonus.item() + 0.01 * ref_aggregate(table, lengths, "token-mean")) < ATOL
+
+
+def test_entropy_upcasts_half_precision():
+    logits = torch.randn(2, 3, 7, dtype=torch.bfloat16)
+    assert entropy_from_logits(logits).dtype == torch.float32
+
+
+@pytest.mark.parametrize("b,t,v", [(1, 1, 2), (3, 5, 11), (4, 9, 50)])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_sft_nll_matches_reference(b, t, v, mode):
+    gen = torch.Generator().manual_seed(b * t)
+    logits = 2 * torch.randn(b, t, v, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, v, (b, t), generator=gen)
+    mask, lengths = make_mask(b, t, gen)
+    logp = token_log_probs(logits, labels)
+    table = [
+        [-ref_log_softmax(logits[i, j].tolist())[labels[i, j].item()] for j in range(t)] for i in range(b)
+    ]
+    for i in range(b):
+        for j in range(t):
+            assert abs(logp[i, j].item() + table[i][j]) < ATOL
+    assert abs(sft_loss(logp, mask, mode).item() - ref_aggregate(table, lengths, mode)) < ATOL
+    torch.testing.assert_close(
+        sft_loss(logp, torch.ones_like(mask)),
+        torch.nn.functional.cross_entropy(logits.reshape(-1, v), labels.reshape(-1)),
+        atol=ATOL, rtol=0,
+    )
+
+
+@pytest.mark.parametrize("b", [1, 4, 33])
+@pytest.mark.parametrize("with_margin", [False, True])
+def test_pairwise_reward_loss_matches_reference(b, with_margin):
+    gen = torch.Generator().manual_seed(b)
+    chosen = 2 * torch.randn(b, generator=gen, dtype=torch.float64)
+    rejected = 2 * torch.randn(b, generator=gen, dtype=torch.float64)
+    margin = torch.rand(b, generator=gen, dtype=torch.float64) if with_margin else None
+    terms = []
+    for i in range(b):
+        d = chosen[i].item() - rejected[i].item() - (margin[i].item() if with_margin else 0.0)
+        terms.append(math.log1p(math.exp(-d)))  # -log sigmoid(d)
+    assert abs(pairwise_reward_loss(chosen, rejected, margin).item() - sum(terms) / b) < ATOL
+    acc = sum(chosen[i].item() > rejected[i].item() for i in range(b)) / b
+    assert abs(reward_accuracy(chosen, rejected).item() - acc) < ATOL

@@ -1,0 +1,179 @@
+"""Advantage estimators: one small function each, one signature, one registry.
+
+Every estimator is ``estimator(inputs: AdvantageInputs, cfg: AdvantageConfig) -> (advantages, returns)``
+with both outputs ``[B, T]`` and 0 outside ``action_mask``. The per-token reward they all start from is
+``r_t = -kl_penalty_t`` plus the (possibly group-shaped) sequence reward on the last response token.
+``returns`` are never whitened: for ``gae`` they are the critic's targets, otherwise metrics.
+
+Grouped estimators read the batch as prompt-major: ``B = n_prompts * n_samples_per_prompt`` with the
+``n`` samples of one prompt adjacent (rows ``p*n .. p*n + n - 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..losses.aggregation import Registry, masked_whiten
+
+
+@dataclass
+class AdvantageInputs:
+    """What every advantage estimator reads."""
+
+    rewards: Tensor  # [B] sequence-level reward of each response (reward model / function output)
+    action_mask: Tensor  # [B, T] 1 on response tokens, 0 on padding (right-padded)
+    kl_penalty: Tensor | None = None  # [B, T] coef * kl per token, already scaled; subtracted from r_t
+    values: Tensor | None = None  # [B, T] critic values V(s_t) at the response tokens (gae only)
+    n_samples_per_prompt: int = 1  # group size n; rows are prompt-major: B = n_prompts * n
+
+
+@dataclass
+class AdvantageConfig:
+    """Knobs shared by the estimators."""
+
+    gamma: float = 1.0  # discount
+    lambd: float = 0.95  # GAE lambda (gae only)
+    whiten: bool | None = None  # whiten advantages over the batch's tokens; None: the estimator's default
+    eps: float = 1e-8  # added to the group std (group-norm) and to the variance (whitening)
+    unbiased_std: bool = True  # Bessel-corrected std/variance (torch.std's default, as GRPO code uses)
+
+
+Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def register_advantage(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator to ``ADVANTAGE_ESTIMATORS`` under ``name``."""
+    return ADVANTAGE_ESTIMATORS.register(name)
+
+
+def compute_advantages(
+    estimator: str, inputs: AdvantageInputs, cfg: AdvantageConfig | None = None
+) -> tuple[Tensor, Tensor]:
+    """Run the named estimator; returns ``(advantages [B, T], returns [B, T])``."""
+    return ADVANTAGE_ESTIMATORS[estimator](inputs, cfg or AdvantageConfig())
+
+
+# ---------------------------------------------------------------------------------------------
+# shared steps
+# ---------------------------------------------------------------------------------------------
+
+
+def token_rewards(seq_rewards: Tensor, action_mask: Tensor, kl_penalty: Tensor | None) -> Tensor:
+    """``[B, T]`` per-token rewards: ``-kl_penalty`` everywhere, plus ``seq_rewards`` on the last valid token."""
+    mask = action_mask.to(seq_rewards.dtype)
+    rewards = torch.zeros_like(mask) if kl_penalty is None else -kl_penalty.to(mask.dtype)
+    last = mask.shape[1] - 1 - mask.flip(dims=[1]).argmax(dim=1)  # [B] index of the last 1
+    rewards = rewards.scatter_add(1, last.unsqueeze(1), seq_rewards.unsqueeze(1).to(mask.dtype))
+    return rewards * mask  # an empty response (no valid token) gets no reward
+
+
+def discounted_returns(rewards: Tensor, action_mask: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` right to left, ``[B, T]``, 0 outside the mask."""
+    mask = action_mask.to(rewards.dtype)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns * mask
+
+
+def _groups(inputs: AdvantageInputs, name: str) -> Tensor:
+    """Sequence rewards viewed as ``[n_prompts, n]``; refuses groups too small to have a baseline."""
+    n = inputs.n_samples_per_prompt
+    batch = inputs.rewards.shape[0]
+    if n < 2 or batch % n:
+        raise ValueError(
+            f"{name} needs n_samples_per_prompt >= 2 dividing the batch size, got n={n}, B={batch}"
+        )
+    return inputs.rewards.reshape(-1, n)
+
+
+def _finish(
+    advantages: Tensor, returns: Tensor, mask: Tensor, cfg: AdvantageConfig, whiten_by_default: bool
+) -> tuple[Tensor, Tensor]:
+    whiten = whiten_by_default if cfg.whiten is None else cfg.whiten
+    mask = mask.to(advantages.dtype)
+    if whiten:
+        advantages = masked_whiten(advantages, mask, eps=cfg.eps, unbiased=cfg.unbiased_std)
+    return advantages * mask, returns * mask
+
+
+def _from_sequence_rewards(
+    seq_rewards: Tensor, inputs: AdvantageInputs, cfg: AdvantageConfig, whiten_by_default: bool
+) -> tuple[Tensor, Tensor]:
+    """Critic-free estimators: the advantage of token t is the discounted return from t."""
+    rewards = token_rewards(seq_rewards, inputs.action_mask, inputs.kl_penalty)
+    returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
+    return _finish(returns.clone(), returns, inputs.action_mask, cfg, whiten_by_default)
+
+
+# ---------------------------------------------------------------------------------------------
+# estimators
+# ---------------------------------------------------------------------------------------------
+
+
+@register_advantage("gae")
+def gae(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation with a critic (Schulman et al. 2015, arXiv 1506.02438); whitens by default."""
+    if inputs.values is None:
+        raise ValueError("gae needs critic values (inputs.values), got None")
+    mask = inputs.action_mask.to(inputs.values.dtype)
+    values = inputs.values * mask
+    rewards = token_rewards(inputs.rewards, inputs.action_mask, inputs.kl_penalty)
+    advantages = torch.zeros_like(values)
+    running = torch.zeros_like(values[:, 0])
+    next_value = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
+        running = delta + cfg.gamma * cfg.lambd * running
+        advantages[:, t] = running
+        next_value = values[:, t]
+    returns = advantages + values
+    return _finish(advantages, returns, mask, cfg, whiten_by_default=True)
+
+
+@register_advantage("reinforce++")
+def reinforce_pp(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted return, whitened over the batch (Hu 2025, arXiv 2501.03262)."""
+    return _from_sequence_rewards(inputs.rewards, inputs, cfg, whiten_by_default=True)
+
+
+@register_advantage("reinforce++-baseline")
+def reinforce_pp_baseline(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline: group-mean baseline, then batch whitening (Hu 2025, arXiv 2501.03262)."""
+    groups = _groups(inputs, "reinforce++-baseline")
+    shaped = (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+    return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=True)
+
+
+@register_advantage("group-norm")
+def group_norm(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """GRPO: ``(r - mean_group) / (std_group + eps)`` (Shao et al. 2024, arXiv 2402.03300)."""
+    groups = _groups(inputs, "group-norm")
+    std = groups.std(dim=1, keepdim=True, unbiased=cfg.unbiased_std)
+    shaped = ((groups - groups.mean(dim=1, keepdim=True)) / (std + cfg.eps)).reshape(-1)
+    return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=False)
+
+
+@register_advantage("dr-grpo")
+def dr_grpo(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """Dr. GRPO: ``r - mean_group``, no std division (Liu et al. 2025, arXiv 2503.20783)."""
+    groups = _groups(inputs, "dr-grpo")
+    shaped = (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+    return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=False)
+
+
+@register_advantage("rloo")
+def rloo(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """RLOO: ``r_i - mean_{j != i} r_j`` (Ahmadian et al. 2024, arXiv 2402.14740)."""
+    groups = _groups(inputs, "rloo")
+    n = groups.shape[1]
+    leave_one_out = (groups.sum(dim=1, keepdim=True) - groups) / (n - 1)
+    shaped = (groups - leave_one_out).reshape(-1)
+    return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=False)

@@ -1,0 +1,148 @@
+"""The typed experience record a rollout produces and the PPO-family update consumes.
+
+Layout of one batch of ``B`` samples:
+
+- ``sequences`` is ``[B, S]``: the prompt, left-padded, followed by the response, right-padded.
+- every per-token tensor of the response ("action" tensors) is ``[B, T]`` and covers the last
+  ``T`` positions of ``sequences``: action ``t`` is token ``sequences[:, S - T + t]``.
+- grouped estimators (GRPO, RLOO, ...) read the batch prompt-major: the ``n`` samples of a prompt
+  are adjacent, and ``group_ids`` names the prompt of each sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_SEQUENCE, _ACTION, _SAMPLE = "sequence", "action", "sample"
+
+
+def _kind(k: str):
+    return {"kind": k}
+
+
+@dataclass
+class Experience:
+    sequences: Tensor = field(metadata=_kind(_SEQUENCE))  # [B, S] token ids: prompt (left-padded) + response (right-padded)
+    attention_mask: Tensor = field(metadata=_kind(_SEQUENCE))  # [B, S] 1 on real tokens of sequences, 0 on padding
+    action_mask: Tensor = field(metadata=_kind(_ACTION))  # [B, T] True on response tokens that are trained on
+    action_log_probs: Tensor = field(metadata=_kind(_ACTION))  # [B, T] log-probs of the response tokens under the rollout policy
+    base_action_log_probs: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] same under the frozen reference policy
+    values: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] critic values V(s_t) at rollout time
+    kl: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] per-token KL estimate vs the reference (unscaled)
+    advantages: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] advantage of each response token
+    returns: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] return targets (critic targets for gae)
+    rewards: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] sequence-level reward of each response
+    response_length: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] number of response tokens (action_mask.sum(-1))
+    group_ids: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] long: index of the prompt each sample answers
+    info: dict[str, Tensor] = field(default_factory=dict)  # metric name -> [B] per-sample value (reward parts, lengths, ...)
+
+    def __post_init__(self) -> None:
+        batch, actions = self.action_mask.shape[0], tuple(self.action_mask.shape)
+        if self.sequences.shape != self.attention_mask.shape or self.sequences.shape[0] != batch:
+            raise ValueError(
+                f"sequences {tuple(self.sequences.shape)} and attention_mask "
+                f"{tuple(self.attention_mask.shape)} must be [B, S] with B={batch}"
+            )
+        if actions[1] > self.sequences.shape[1]:
+            raise ValueError(f"action tensors cover T={actions[1]} > S={self.sequences.shape[1]} positions")
+        for name, kind, value in self._tensors():
+            if kind == _ACTION and tuple(value.shape) != actions:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {actions}")
+            if kind == _SAMPLE and tuple(value.shape) != (batch,):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected ({batch},)")
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def _tensors(self) -> Iterator[tuple[str, str, Tensor]]:
+        """(name, kind, tensor) for every set tensor field, then ``info`` entries as kind sample."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "info" and value is not None:
+                yield f.name, f.metadata["kind"], value
+        for key, value in self.info.items():
+            yield f"info[{key!r}]", _SAMPLE, value
+
+    @property
+    def batch_size(self) -> int:
+        return self.action_mask.shape[0]
+
+    @property
+    def num_actions(self) -> int:
+        """T, the width of the action tensors."""
+        return self.action_mask.shape[1]
+
+    # -- transforms ---------------------------------------------------------------------------
+
+    def _map(self, fn) -> Experience:
+        """A new record with ``fn`` applied to every tensor (fields and info)."""
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in fields(self)
+            if f.name != "info" and getattr(self, f.name) is not None
+        }
+        return replace(self, **changes, info={k: fn(v) for k, v in self.info.items()})
+
+    def to(self, device: torch.device | str) -> Experience:
+        """A copy with every tensor on ``device``."""
+        return self._map(lambda t: t.to(device))
+
+    def pin_memory(self) -> Experience:
+        """A copy with every tensor in pinned host memory (faster host-to-GPU copies)."""
+        return self._map(lambda t: t.pin_memory())
+
+    def select(self, index: slice | Tensor) -> Experience:
+        """Rows ``index`` of the batch (a slice or a 1-D index tensor)."""
+        return self._map(lambda t: t[index])
+
+    def split(self, micro_batch_size: int) -> list[Experience]:
+        """Consecutive micro-batches of ``micro_batch_size`` rows (the last may be smaller)."""
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        return [
+            self.select(slice(i, i + micro_batch_size))
+            for i in range(0, self.batch_size, micro_batch_size)
+        ]
+
+    @classmethod
+    def concat(cls, items: list[Experience], pad_token_id: int = 0) -> Experience:
+        """One record from several; widths are aligned by padding.
+
+        Prompts are left-padded to the longest prompt and responses right-padded to the longest
+        response, so the action tensors still cover the last ``T`` positions of ``sequences``. The
+        records must have the same optional fields and ``info`` keys set.
+        """
+        if not items:
+            raise ValueError("concat needs at least one Experience")
+        first = items[0]
+        set_names = [name for name, _, _ in first._tensors()]
+        for other in items[1:]:
+            if [name for name, _, _ in other._tensors()] != set_names:
+                raise ValueError("cannot concat experiences with different fields set")
+        max_t = max(e.num_actions for e in items)
+        max_p = max(e.sequences.shape[1] - e.num_actions for e in items)
+
+        def pad_sequence_part(e: Experience, t: Tensor, value: int) -> Tensor:
+            prompt = t.shape[1] - e.num_actions
+            return F.pad(t, (max_p - prompt, max_t - e.num_actions), value=value)
+
+        def cat(name: str) -> Tensor:
+            parts = []
+            for e in items:
+                t = getattr(e, name)
+                if name == "sequences":
+                    t = pad_sequence_part(e, t, pad_token_id)
+                elif name == "attention_mask":
+                    t = pad_sequence_part(e, t, 0)
+                elif t.dim() == 2:  # action tensor [B, T]
+                    t = F.pad(t, (0, max_t - e.num_actions), value=0)
+                parts.append(t)
+            return torch.cat(parts, dim=0)
+
+        changes = {f.name: cat(f.name) for f in fields(cls) if f.name != "info" and getattr(first, f.name) is not None}
+        info = {k: torch.cat([e.info[k] for e in items], dim=0) for k in first.info}
+        return replace(first, **changes, info=info)

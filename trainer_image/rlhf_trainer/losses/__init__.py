@@ -1,0 +1,56 @@
+"""Trainer losses: one module per loss, each citing its paper; masked reductions live in aggregation."""
+
+from .aggregation import (
+    LOSS_AGGREGATIONS,
+    Registry,
+    aggregate_loss,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from .entropy import entropy_bonus, entropy_from_logits
+from .policy import PolicyLoss, ppo_clip_per_token, ppo_policy_loss
+from .preference import (
+    PREFERENCE_LOSSES,
+    PreferenceConfig,
+    PreferenceInputs,
+    PreferenceLoss,
+    cdpo_loss,
+    dpo_loss,
+    ipo_loss,
+    kto_loss,
+)
+from .reward_model import pairwise_reward_loss, reward_accuracy
+from .sft import sft_loss, token_log_probs
+from .value import ValueLoss, value_loss, value_loss_per_token
+
+__all__ = [
+    "LOSS_AGGREGATIONS",
+    "PREFERENCE_LOSSES",
+    "PolicyLoss",
+    "PreferenceConfig",
+    "PreferenceInputs",
+    "PreferenceLoss",
+    "Registry",
+    "ValueLoss",
+    "aggregate_loss",
+    "cdpo_loss",
+    "dpo_loss",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "ipo_loss",
+    "kto_loss",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "pairwise_reward_loss",
+    "ppo_clip_per_token",
+    "ppo_policy_loss",
+    "reward_accuracy",
+    "sft_loss",
+    "token_log_probs",
+    "value_loss",
+    "value_loss_per_token",
+]
