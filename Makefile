@@ -1,0 +1,14 @@
+# The two commands a newcomer needs are `make demo` and `make test`; both set everything up first.
+SHELL := bash
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test crd
+setup:  ## create/refresh the pinned virtualenv (fast when already done)
+	bash requirements/install.sh
+
+test: setup  ## run the whole suite (builds the local control plane on first use)
+	$(PY) -m pytest
+
+crd: setup  ## regenerate crds/ from the API models
+	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml

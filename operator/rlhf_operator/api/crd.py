@@ -1,0 +1,114 @@
+"""Generate the RLHFJob CustomResourceDefinition from the API models (`rlhf crd`, crds/).
+
+Pydantic's JSON schema becomes a structural OpenAPI v3 schema: references inlined, optional
+fields as plain types, JSON-Schema-2020 exclusive bounds in their OpenAPI 3.0 form, titles dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from . import v1alpha1 as api
+
+CEL = "x-kubernetes-validations"
+PRINTER_COLUMNS = [
+    {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary", "description": "steps done / planned"},
+    {"name": "Reward", "type": "number", "format": "float", "jsonPath": ".status.metrics.rewardMean"},
+    {"name": "KL", "type": "number", "format": "float", "jsonPath": ".status.metrics.kl", "priority": 1},
+    {"name": "Ray Job", "type": "string", "jsonPath": ".status.rayJobName", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        # A field's own description and extras win over those of the model it refers to.
+        target = _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        own = _structural({k: v for k, v in node.items() if k != "$ref"}, defs)
+        rules = target.get(CEL, []) + own.get(CEL, [])
+        return {**target, **own, **({CEL: rules} if rules else {})}
+    any_of = node.get("anyOf")
+    if any_of is not None:
+        non_null = [option for option in any_of if option.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"only Optional[X] unions map to a structural schema, got {any_of}")
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
+        return _structural({**non_null[0], **rest}, defs)
+
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum"):
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound], out[key] = value, True
+        elif key == "properties":
+            out[key] = {name: _structural(prop, defs) for name, prop in value.items()}
+        elif key == "additionalProperties" and value is True:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+        elif key in ("items", "additionalProperties"):
+            out[key] = _structural(value, defs)
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" in out:
+        out.pop("additionalProperties", None)  # closed objects: unknown fields are pruned or refused
+    return out
+
+
+def openapi_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True)
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def custom_resource_definition() -> dict[str, Any]:
+    spec_schema = openapi_schema(api.RLHFJobSpec)
+    status_schema = openapi_schema(api.RLHFJobStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.KIND.lower(),
+                "shortNames": ["rlhf"],
+                "categories": ["rlhf", "ml"],
+            },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": api.VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": api.RLHFJob.__doc__,
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema,
+                        "status": status_schema,
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated from operator/rlhf_operator/api/v1alpha1.py by `rlhf crd`. Do not edit.\n"
+    return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)

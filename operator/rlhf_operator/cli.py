@@ -1,0 +1,71 @@
+"""`rlhf`: the command line of rlhf-operator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def _documents(path: str) -> list[tuple[str, object]]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    return [(f"{path}#{i}" if len(docs) > 1 else path, doc) for i, doc in enumerate(docs)]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .api.validation import InvalidJob, validate
+
+    failed = 0
+    for path in args.files:
+        try:
+            documents = _documents(path)
+        except (OSError, yaml.YAMLError) as error:
+            print(f"{path}: cannot read: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        for name, doc in documents:
+            try:
+                job = validate(doc)
+            except InvalidJob as invalid:
+                failed += 1
+                print(f"{name}: invalid", file=sys.stderr)
+                for error in invalid.errors:
+                    print(f"  {error}", file=sys.stderr)
+            else:
+                job_name = job.metadata.get("name", "(unnamed)")
+                print(f"{name}: valid ({job.spec.algorithm} job {job_name})")
+    return 1 if failed else 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .api.crd import render
+
+    sys.stdout.write(render())
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="rlhf", description="RLHF and RL post-training jobs on Kubernetes (RLHFJob).")
+    commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = commands.add_parser(
+        "validate", help="check RLHFJob files against the schema and CEL rules the cluster enforces",
+        description="Exit status 1 when any document is invalid; each error names the field and what to change.")
+    validate.add_argument("files", nargs="+", metavar="FILE", help="YAML files (- for standard input)")
+    validate.set_defaults(func=cmd_validate)
+
+    crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")
+    crd.set_defaults(func=cmd_crd)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
