@@ -18,6 +18,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
+# Where the operator puts things in the Ray pods and the trainer finds them.
+JOB_CONFIG_DIR = "/etc/rlhf"  # the job's ConfigMap: job.yaml, the RLHFJob manifest with defaults applied
+JOB_CONFIG_FILE = "job.yaml"
+REWARD_FUNCTIONS_DIR = "/etc/rlhf/rewards"  # <source name>/ holds a function source's ConfigMap files
+
 Algorithm = Literal[
     "ppo", "grpo", "dr-grpo", "reinforce++", "reinforce++-baseline", "rloo",
     "dpo", "ipo", "cdpo", "kto", "sft", "rm",
