@@ -1,0 +1,60 @@
+"""Prometheus metrics of a training run, served on RLHF_METRICS_PORT (the head pod's `metrics` port)."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+PORT_ENV = "RLHF_METRICS_PORT"
+
+# trainer metric key -> (Prometheus name, help). Names follow Prometheus conventions: a prefix,
+# base units (seconds), _total only for counters.
+GAUGES = {
+    "reward_mean": ("rlhf_reward_mean", "Mean total reward of the last rollout batch"),
+    "reward_std": ("rlhf_reward_std", "Standard deviation of the total reward of the last rollout batch"),
+    "kl": ("rlhf_kl", "Mean per-token KL divergence to the reference model"),
+    "policy_loss": ("rlhf_policy_loss", "Actor (policy) loss"),
+    "value_loss": ("rlhf_value_loss", "Critic (value) loss"),
+    "loss": ("rlhf_loss", "Training loss of offline algorithms"),
+    "entropy": ("rlhf_entropy", "Mean token entropy of the policy"),
+    "response_length": ("rlhf_response_length_tokens", "Mean completion length"),
+    "tokens_per_second": ("rlhf_rollout_tokens_per_second", "Generated tokens per second in the last rollout"),
+    "rollout_seconds": ("rlhf_rollout_duration_seconds", "Duration of the last rollout (generation and scoring)"),
+    "update_seconds": ("rlhf_update_duration_seconds", "Duration of the last policy/critic update"),
+    "learning_rate": ("rlhf_learning_rate", "Current actor learning rate"),
+}
+
+
+class PrometheusReporter:
+    """A Reporter that keeps gauges for the latest step and metrics, served over HTTP."""
+
+    def __init__(self, port: int | None, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.step = Gauge("rlhf_step", "Completed training steps", registry=self.registry)
+        self.total_steps = Gauge("rlhf_total_steps", "Planned training steps", registry=self.registry)
+        self.checkpoint_step = Gauge("rlhf_last_checkpoint_step", "Step of the newest checkpoint", registry=self.registry)
+        self.gauges = {key: Gauge(name, help, registry=self.registry) for key, (name, help) in GAUGES.items()}
+        if port is not None:
+            start_http_server(port, registry=self.registry)
+
+    @classmethod
+    def from_environment(cls) -> PrometheusReporter | None:
+        port = os.environ.get(PORT_ENV)
+        return cls(int(port)) if port else None
+
+    def start(self, total_steps: int) -> None:
+        self.total_steps.set(total_steps)
+        self.step.set(0)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.step.set(step)
+        for key, value in metrics.items():
+            if key in self.gauges:
+                self.gauges[key].set(value)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.checkpoint_step.set(step)
+
+    def finish(self, status: str, message: str = "") -> None:
+        pass  # the gauges keep their last values until the pod goes
