@@ -1,4 +1,4 @@
-"""Advantage estimators against plain-loop references (float64, random right-padded masks)."""
+"""Advantage estimators (and the Experience record carrying them) against plain-loop references and TRL."""
 
 from __future__ import annotations
 
@@ -231,3 +231,174 @@ def test_gae_returns_are_not_whitened():
     torch.testing.assert_close(ret_w, ret_raw, atol=ATOL, rtol=0)
     torch.testing.assert_close(ret_raw, (adv_raw + inputs.values) * inputs.action_mask, atol=ATOL, rtol=0)
     assert not torch.allclose(adv_w, adv_raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Experience record that carries advantages into the update
+# ---------------------------------------------------------------------------------------------
+
+
+def make_experience(b: int, prompt: int, t: int, seed: int):
+    from rlhf_trainer.experience import Experience
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    seq = torch.randint(1, 100, (b, prompt + t), generator=gen)
+    return Experience(
+        sequences=seq,
+        attention_mask=torch.ones_like(seq),
+        action_mask=mask,
+        action_log_probs=-torch.rand(b, t, generator=gen, dtype=torch.float64),
+        advantages=torch.randn(b, t, generator=gen, dtype=torch.float64),
+        rewards=torch.randn(b, generator=gen, dtype=torch.float64),
+        response_length=lengths,
+        info={"score": torch.randn(b, generator=gen, dtype=torch.float64)},
+    )
+
+
+def test_experience_concat_aligns_prompts_left_and_responses_right():
+    from rlhf_trainer.experience import Experience
+
+    a = make_experience(2, prompt=3, t=4, seed=0)
+    b = make_experience(3, prompt=5, t=2, seed=1)
+    both = Experience.concat([a, b], pad_token_id=-1)
+    assert both.sequences.shape == (5, 5 + 4) and both.action_mask.shape == (5, 4)
+    # the last T positions of sequences are still the response tokens of every row
+    torch.testing.assert_close(both.sequences[:2, -4:], a.sequences[:, -4:])
+    torch.testing.assert_close(both.sequences[2:, -4:-2], b.sequences[:, -2:])
+    assert (both.sequences[:2, :2] == -1).all() and (both.attention_mask[:2, :2] == 0).all()
+    assert (both.sequences[2:, -2:] == -1).all() and not both.action_mask[2:, -2:].any()
+    torch.testing.assert_close(both.advantages[2:, :2], b.advantages)
+    torch.testing.assert_close(both.info["score"], torch.cat([a.info["score"], b.info["score"]]))
+
+
+def test_experience_split_round_trips_and_moves():
+    from rlhf_trainer.experience import Experience
+
+    exp = make_experience(7, prompt=2, t=5, seed=3)
+    parts = exp.split(3)
+    assert [p.batch_size for p in parts] == [3, 3, 1]
+    again = Experience.concat(parts)
+    for name in ("sequences", "action_mask", "advantages", "rewards", "response_length"):
+        torch.testing.assert_close(getattr(again, name), getattr(exp, name))
+    moved = exp.to("cpu")
+    assert moved is not exp and moved.info["score"].device.type == "cpu"
+
+
+def test_experience_refuses_inconsistent_shapes():
+    from rlhf_trainer.experience import Experience
+
+    exp = make_experience(2, prompt=2, t=3, seed=0)
+    with pytest.raises(ValueError, match="advantages"):
+        Experience(exp.sequences, exp.attention_mask, exp.action_mask, exp.action_log_probs,
+                   advantages=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="rewards"):
+        Experience(exp.sequences, exp.attention_mask, exp.action_mask, exp.action_log_probs,
+                   rewards=torch.zeros(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL as an oracle (trl is a dev-only dependency; these tests skip without it)
+#
+# TRL 1.16 computes GRPO and RLOO advantages inline in `_generate_and_score_completions`. We run
+# that real method on a trainer object built with `object.__new__`, setting only the attributes it
+# reads and stubbing generation, log-prob and reward calls, so TRL's own arithmetic is the oracle.
+# TRL's advantages are per sequence [B]; ours are per token [B, T] and equal them on every valid
+# token when gamma = 1, no KL penalty and no whitening (the configuration compared here).
+# Known differences, not compared: TRL's GRPO divides by (std + 1e-4) (we set eps=1e-4 to match);
+# TRL's RLOO subtracts a per-sequence sum of k1 KL from the score *before* the leave-one-out
+# baseline, whereas we keep the KL as a per-token reward penalty after shaping; TRL's optional
+# advantage normalization is over sequences with (std + 1e-4), ours whitens over tokens; TRL 1.16
+# ships no PPO trainer, so `gae` and whitening have only the loop reference above.
+# ---------------------------------------------------------------------------------------------
+
+
+class _FakeAccelerator:
+    device = torch.device("cpu")
+    process_index = 0
+    num_processes = 1
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+def _trl_scored_advantages(trainer_cls, rewards: torch.Tensor, n: int, lengths: list[int], **attrs):
+    import collections
+    import types
+
+    trainer = object.__new__(trainer_cls)
+    b = rewards.shape[0]
+    completions = [[7] * max(length, 1) for length in lengths]
+    settings = dict(
+        accelerator=_FakeAccelerator(),
+        model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        num_generations=n,
+        beta=0.0,
+        _tokenizer=types.SimpleNamespace(pad_token_id=0),
+        pad_to_multiple_of=None,
+        mask_truncated_completions=False,
+        args=types.SimpleNamespace(
+            per_device_train_batch_size=b,
+            gradient_checkpointing_kwargs=None,
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+        ),
+        reward_weights=torch.ones(1, dtype=rewards.dtype),
+        reward_clip_range=None,
+        reward_func_names=["score"],
+        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+        _logs={
+            "prompt": [], "completion": [], "advantages": [], "images": [],
+            "rewards": collections.defaultdict(list), "extra": collections.defaultdict(list),
+        },
+        _pending_extra_logs={},
+        _pending_metrics={},
+        log_multimodal=False,
+        # GRPO-only switches, all off
+        environment_factories=None, tools=None, environments=None, use_vllm=False, num_iterations=1,
+        _is_vlm=False, multi_objective_aggregation="sum_then_normalize",
+        # stubs for generation, log-probs and rewards
+        _get_per_token_logps_and_entropies=lambda model, ids, mask, keep, *a, **k: (
+            torch.zeros(ids.shape[0], keep, dtype=rewards.dtype), None, None
+        ),
+        _calculate_rewards=lambda inputs, prompts, completions, ids: rewards.unsqueeze(1),
+    )
+    prompts = [[1, 2]] * b
+    if trainer_cls.__name__ == "RLOOTrainer":
+        settings["_generate"] = lambda p: (prompts, completions, ["text"] * b)
+    else:
+        settings["_generate"] = lambda p: (prompts, completions, None, ["text"] * b, None, {}, None, None)
+    settings.update(attrs)
+    for key, value in settings.items():
+        object.__setattr__(trainer, key, value)
+    return trainer._generate_and_score_completions([{"prompt": "p"}] * b)["advantages"]
+
+
+@pytest.mark.parametrize("n_prompts,n,t,seed", [(1, 2, 3, 0), (3, 4, 7, 1), (5, 8, 12, 2)])
+@pytest.mark.parametrize(
+    "name,trainer,attrs",
+    [
+        ("group-norm", "GRPOTrainer", {"scale_rewards": "group"}),
+        ("dr-grpo", "GRPOTrainer", {"scale_rewards": "none"}),
+        ("rloo", "RLOOTrainer", {"normalize_advantages": False}),
+    ],
+)
+def test_sequence_advantages_match_trl(name, trainer, attrs, n_prompts, n, t, seed):
+    pytest.importorskip("trl")
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.rloo_trainer import RLOOTrainer
+
+    trainer_cls = {"GRPOTrainer": GRPOTrainer, "RLOOTrainer": RLOOTrainer}[trainer]
+    inputs, lengths = make_inputs(n_prompts, n, t, seed, with_kl=False)
+    if n_prompts > 1:
+        inputs.rewards[n : 2 * n] = 0.5  # a zero-std group
+    trl_adv = _trl_scored_advantages(trainer_cls, inputs.rewards, n, lengths, **attrs)
+    ours, _ = compute_advantages(name, inputs, AdvantageConfig(gamma=1.0, whiten=False, eps=1e-4))
+    expected = trl_adv.unsqueeze(1).expand_as(ours) * inputs.action_mask
+    torch.testing.assert_close(ours, expected.to(ours.dtype), atol=ATOL, rtol=0)

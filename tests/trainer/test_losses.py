@@ -291,3 +291,131 @@ def test_pairwise_reward_loss_matches_reference(b, with_margin):
     assert abs(pairwise_reward_loss(chosen, rejected, margin).item() - sum(terms) / b) < ATOL
     acc = sum(chosen[i].item() > rejected[i].item() for i in range(b)) / b
     assert abs(reward_accuracy(chosen, rejected).item() - acc) < ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL as an oracle (trl is a dev-only dependency; these tests skip without it)
+#
+# TRL 1.16's GRPOTrainer._compute_loss is PPO-clip with clip-higher (epsilon_low/high), an optional
+# k3 KL term added per token to the loss (beta), a loss aggregation chosen by loss_type, and an
+# entropy bonus (token mean). We run that real method on a trainer object built with
+# `object.__new__`, stubbing only the forward pass, and compare loss, gradients and metrics:
+#   TRL loss_type -> our aggregation: grpo -> seq-mean-token-mean, bnpo -> token-mean,
+#   dr_grpo -> seq-mean-token-sum-norm with normalizer = max_completion_length,
+#   dapo -> token-mean (its normalizer is the batch's token count on one process).
+# TRL has no dual clip and no value loss (no PPO trainer in 1.16): those have the loop references only.
+# ---------------------------------------------------------------------------------------------
+
+
+class _FakeAccelerator:
+    device = torch.device("cpu")
+    process_index = 0
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+TRL_AGGREGATION = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "dapo": "token-mean",
+}
+
+
+@pytest.mark.parametrize("loss_type", sorted(TRL_AGGREGATION))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 16)])
+@pytest.mark.parametrize("beta,eps_high,entropy_coef", [(0.0, 0.2, 0.0), (0.04, 0.28, 0.01)])
+def test_policy_kl_entropy_losses_match_trl_grpo(loss_type, shape, beta, eps_high, entropy_coef):
+    pytest.importorskip("trl")
+    import collections
+    import types
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from rlhf_trainer.algorithms import compute_kl, kl_in_loss
+
+    b, t = shape
+    new, old, adv, mask, _ = make_policy_batch(shape, seed=b * 31 + t)
+    gen = torch.Generator().manual_seed(t)
+    ref = old + 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    ent = torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+    max_len = t + 5
+    new_trl = new.clone().requires_grad_(True)
+    new_ours = new.clone().requires_grad_(True)
+
+    trainer = object.__new__(GRPOTrainer)
+    settings = dict(
+        accelerator=_FakeAccelerator(),
+        model=types.SimpleNamespace(training=True),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new_trl, ent, None),
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=beta,
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=eps_high,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        current_gradient_accumulation_steps=1,
+        max_completion_length=max_len,
+        _entropy_bonus_enabled=entropy_coef > 0,
+        use_adaptive_entropy=False,
+        entropy_coef=entropy_coef,
+        aux_loss_enabled=False,
+        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+    )
+    for key, value in settings.items():
+        object.__setattr__(trainer, key, value)
+    inputs = {
+        "prompt_ids": torch.ones(b, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.ones(b, t, dtype=torch.long),
+        "completion_mask": mask.long(),
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum().to(torch.float64),
+    }
+    trl_loss = trainer._compute_loss(None, inputs)
+
+    mode = TRL_AGGREGATION[loss_type]
+    norm = max_len if loss_type == "dr_grpo" else None
+    policy = ppo_policy_loss(new_ours, old, adv, mask, 0.2, eps_high, aggregation=mode, normalizer=norm)
+    ours = policy.loss + entropy_bonus(ent, mask, entropy_coef)
+    kl = compute_kl(new_ours, ref, mask, estimator="k3")
+    if beta:
+        ours = ours + kl_in_loss(kl, beta, mask, mode, norm)
+
+    assert abs(ours.item() - trl_loss.item()) < ATOL
+    ours.backward()
+    trl_loss.backward()
+    torch.testing.assert_close(new_ours.grad, new_trl.grad, atol=ATOL, rtol=0)
+    metrics = trainer._metrics["train"]
+    assert abs(policy.clip_fraction.item() - metrics["clip_ratio/region_mean"][-1]) < ATOL
+    if beta:
+        assert abs(masked_mean(kl, mask).item() - metrics["kl"][-1]) < ATOL
+
+
+@pytest.mark.parametrize("b,t,v", [(1, 1, 2), (3, 5, 11), (4, 9, 300)])
+def test_entropy_and_log_probs_match_trl_utils(b, t, v):
+    pytest.importorskip("trl")
+    from trl.trainer.utils import entropy_from_logits as trl_entropy
+    from trl.trainer.utils import selective_log_softmax
+
+    gen = torch.Generator().manual_seed(v)
+    logits = 4 * torch.randn(b, t, v, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, v, (b, t), generator=gen)
+    torch.testing.assert_close(entropy_from_logits(logits), trl_entropy(logits), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        token_log_probs(logits, labels), selective_log_softmax(logits, labels), atol=ATOL, rtol=0
+    )

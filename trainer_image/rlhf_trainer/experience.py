@@ -21,25 +21,50 @@ from torch import Tensor
 _SEQUENCE, _ACTION, _SAMPLE = "sequence", "action", "sample"
 
 
-def _kind(k: str):
-    return {"kind": k}
+def _sequence():
+    """A required ``[B, S]`` field (padded on both sides by ``concat``)."""
+    return field(metadata={"kind": _SEQUENCE})
+
+
+def _action(required: bool = False):
+    """A ``[B, T]`` per-response-token field (right-padded by ``concat``)."""
+    meta = {"kind": _ACTION}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
+
+
+def _sample():
+    """An optional ``[B]`` per-sample field."""
+    return field(default=None, metadata={"kind": _SAMPLE})
 
 
 @dataclass
 class Experience:
-    sequences: Tensor = field(metadata=_kind(_SEQUENCE))  # [B, S] token ids: prompt (left-padded) + response (right-padded)
-    attention_mask: Tensor = field(metadata=_kind(_SEQUENCE))  # [B, S] 1 on real tokens of sequences, 0 on padding
-    action_mask: Tensor = field(metadata=_kind(_ACTION))  # [B, T] True on response tokens that are trained on
-    action_log_probs: Tensor = field(metadata=_kind(_ACTION))  # [B, T] log-probs of the response tokens under the rollout policy
-    base_action_log_probs: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] same under the frozen reference policy
-    values: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] critic values V(s_t) at rollout time
-    kl: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] per-token KL estimate vs the reference (unscaled)
-    advantages: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] advantage of each response token
-    returns: Tensor | None = field(default=None, metadata=_kind(_ACTION))  # [B, T] return targets (critic targets for gae)
-    rewards: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] sequence-level reward of each response
-    response_length: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] number of response tokens (action_mask.sum(-1))
-    group_ids: Tensor | None = field(default=None, metadata=_kind(_SAMPLE))  # [B] long: index of the prompt each sample answers
-    info: dict[str, Tensor] = field(default_factory=dict)  # metric name -> [B] per-sample value (reward parts, lengths, ...)
+    # [B, S] token ids: the prompt (left-padded) followed by the response (right-padded)
+    sequences: Tensor = _sequence()
+    # [B, S] 1 on real tokens of sequences, 0 on padding
+    attention_mask: Tensor = _sequence()
+    # [B, T] True on response tokens that are trained on
+    action_mask: Tensor = _action(required=True)
+    # [B, T] log-probs of the response tokens under the rollout policy
+    action_log_probs: Tensor = _action(required=True)
+    # [B, T] log-probs of the response tokens under the frozen reference policy
+    base_action_log_probs: Tensor | None = _action()
+    # [B, T] critic values V(s_t) at rollout time (gae only)
+    values: Tensor | None = _action()
+    # [B, T] per-token KL estimate against the reference, unscaled (algorithms.kl)
+    kl: Tensor | None = _action()
+    # [B, T] advantage of each response token (algorithms.advantages)
+    advantages: Tensor | None = _action()
+    # [B, T] return targets (the critic's targets for gae)
+    returns: Tensor | None = _action()
+    # [B] sequence-level reward of each response
+    rewards: Tensor | None = _sample()
+    # [B] number of response tokens, action_mask.sum(-1)
+    response_length: Tensor | None = _sample()
+    # [B] long: index of the prompt each sample answers (grouped estimators)
+    group_ids: Tensor | None = _sample()
+    # metric name -> [B] per-sample value (reward parts, truncation flags, ...)
+    info: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         batch, actions = self.action_mask.shape[0], tuple(self.action_mask.shape)
@@ -49,7 +74,9 @@ class Experience:
                 f"{tuple(self.attention_mask.shape)} must be [B, S] with B={batch}"
             )
         if actions[1] > self.sequences.shape[1]:
-            raise ValueError(f"action tensors cover T={actions[1]} > S={self.sequences.shape[1]} positions")
+            raise ValueError(
+                f"action tensors cover T={actions[1]} > S={self.sequences.shape[1]} positions"
+            )
         for name, kind, value in self._tensors():
             if kind == _ACTION and tuple(value.shape) != actions:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {actions}")
@@ -143,6 +170,10 @@ class Experience:
                 parts.append(t)
             return torch.cat(parts, dim=0)
 
-        changes = {f.name: cat(f.name) for f in fields(cls) if f.name != "info" and getattr(first, f.name) is not None}
+        changes = {
+            f.name: cat(f.name)
+            for f in fields(cls)
+            if f.name != "info" and getattr(first, f.name) is not None
+        }
         info = {k: torch.cat([e.info[k] for e in items], dim=0) for k in first.info}
         return replace(first, **changes, info=info)
