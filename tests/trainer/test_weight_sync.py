@@ -1,0 +1,75 @@
+"""After a weight sync, vLLM's greedy output equals Hugging Face's greedy output of the updated actor."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlhf_operator.api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
+from rlhf_trainer.experience import Experience
+from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
+from rlhf_trainer.workers.model_worker import ModelConfig
+from rlhf_trainer.workers.weight_sync import sync_weights
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPTS = ["Ada: Repeat the letter c.", "Bo: Say f.", "Cy: Type a many times."]
+GREEDY = {"n": 1, "temperature": 0.0, "max_tokens": 12}
+
+
+def _hf_greedy(model_dir, prompt_ids: list[list[int]]) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    outputs = []
+    for ids in prompt_ids:
+        generated = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY["max_tokens"], do_sample=False)
+        outputs.append(generated[0, len(ids):].tolist())
+    return outputs
+
+
+def _vllm_greedy(engine, prompt_ids: list[list[int]]) -> list[list[int]]:
+    return [completions[0].token_ids for completions in ray.get(engine.generate.remote(prompt_ids, GREEDY))]
+
+
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS]
+
+    placement = Placement(use_gpu=False, bundles=3, ranks={"actor": [0, 1], "rollout": [2]})
+    group = create_placement_group(placement)
+    actor = ModelGroup("actor", group, placement)
+    training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
+                            train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
+    actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=ModelSpec(path=str(tiny_model), dtype="float32"),
+                            training=training, optimizer_steps=2))
+    [engine] = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
+                                      max_model_len=256, seed=0)
+    before = _vllm_greedy(engine, prompt_ids)
+    assert before == _hf_greedy(tiny_model, prompt_ids)
+
+    # One large update with negative advantages on the tokens the greedy decode chose, so that the
+    # greedy output changes.
+    rows = [ids + out for ids, out in zip(prompt_ids, before)]
+    width = max(map(len, rows))
+    sequences = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    attention_mask = (torch.arange(width) >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    actions = GREEDY["max_tokens"]
+    experience = Experience(
+        sequences=sequences[[0, 1, 2, 0]], attention_mask=attention_mask[[0, 1, 2, 0]],
+        action_mask=torch.ones(4, actions, dtype=torch.bool),
+        action_log_probs=actor.forward(sequences, attention_mask, actions)[[0, 1, 2, 0]],
+        advantages=-torch.ones(4, actions),
+    )
+    actor.train(experience, train_batch_size=4, micro_batch_size=2, epochs=1, generator=torch.Generator().manual_seed(0))
+
+    sync_weights(actor, [engine], dtype="float32", use_gpu=False)
+    ray.get(actor.call("save_pretrained", str(tmp_path / "updated")))
+    after = _vllm_greedy(engine, prompt_ids)
+    assert after != before, "the update should change the greedy output (else this test proves nothing)"
+    assert after == _hf_greedy(tmp_path / "updated", prompt_ids)

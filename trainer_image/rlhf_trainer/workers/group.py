@@ -1,0 +1,213 @@
+"""Placement of the model groups and vLLM engines, and a group of ranks called in parallel.
+
+One placement group holds a bundle per GPU (per process on CPU). Roles that share GPUs
+(training.colocation) are placed on the same bundles, each taking an equal fraction of it:
+
+- none: every role, and the vLLM engines, on bundles of their own;
+- actor-reference: the reference ranks on the actor's bundles;
+- all (hybrid engine): every role and every engine on the same bundles, taking turns.
+
+On CPU (resources.gpusPerNode 0) a bundle is one CPU, resources.gpus.<role> counts processes,
+and each role defaults to one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from torch import Tensor
+
+from rlhf_operator.api.v1alpha1 import RLHFJobSpec
+from rlhf_operator.api.validation import FieldError, InvalidJob
+
+from ..experience import Experience
+from .model_worker import ModelConfig, ModelWorker
+from .rollout import CPU_ENV, RolloutEngine
+
+ROLLOUT = "rollout"
+
+
+@dataclass
+class Placement:
+    use_gpu: bool
+    bundles: int
+    ranks: dict[str, list[int]]  # role -> bundle of each rank; "rollout" -> first bundle of each engine
+    engine_width: int = 1  # bundles per vLLM engine (its tensor-parallel size)
+
+    @property
+    def bundle_resources(self) -> list[dict[str, float]]:
+        return [{"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1} for _ in range(self.bundles)]
+
+    def share(self, bundle: int) -> float:
+        """The fraction of a bundle each of the Ray actors placed on it gets."""
+        users = Counter(b for role, bundles in self.ranks.items() if role != ROLLOUT for b in bundles)
+        users.update(b + i for b in self.ranks.get(ROLLOUT, []) for i in range(self.engine_width))
+        return 1.0 / users[bundle]
+
+
+def roles_of(spec: RLHFJobSpec) -> list[str]:
+    """The model groups a job needs: the reference only with a KL penalty, the reward model only when a source uses it."""
+    roles = ["actor"]
+    if spec.training.kl.coef > 0:
+        roles.append("reference")
+    if spec.algorithm == "ppo":
+        roles.append("critic")
+    if spec.reward and any(source.type == "model" for source in spec.reward.sources):
+        roles.append("reward")
+    return roles
+
+
+def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
+    """Ranks per role and their bundles; raises InvalidJob when the roles do not fit the GPUs."""
+    roles, colocation = roles_of(spec), spec.training.colocation
+    explicit = {role: getattr(spec.resources.gpus, role) for role in roles}
+    tp = spec.rollout.tensor_parallel_size
+    engine_gpus = spec.rollout.engines * tp
+    if not use_gpu:
+        sizes = {role: explicit[role] or 1 for role in roles}
+    elif colocation == "all":
+        total = spec.resources.nodes * spec.resources.gpus_per_node
+        sizes = {role: explicit[role] or total for role in roles}
+    else:
+        sizes = _split_gpus(spec, roles, explicit, engine_gpus)
+
+    ranks: dict[str, list[int]] = {}
+    if colocation == "all":
+        for role in roles:
+            ranks[role] = list(range(sizes[role]))
+        ranks[ROLLOUT] = [e * tp for e in range(spec.rollout.engines)]
+        bundles = max([*sizes.values(), engine_gpus])
+    else:
+        bundles = 0
+        for role in roles:
+            if role == "reference" and colocation == "actor-reference":
+                ranks[role] = list(range(sizes[role]))  # on the actor's bundles
+                bundles = max(bundles, sizes[role])
+                continue
+            ranks[role] = list(range(bundles, bundles + sizes[role]))
+            bundles += sizes[role]
+        ranks[ROLLOUT] = [bundles + e * tp for e in range(spec.rollout.engines)]
+        bundles += engine_gpus
+    return Placement(use_gpu, bundles, ranks, tp)
+
+
+def _split_gpus(spec: RLHFJobSpec, roles: list[str], explicit: dict, engine_gpus: int) -> dict[str, int]:
+    """GPUs per role when roles do not all share: the vLLM engines first, then roles without a
+    count split what is left evenly (actor and reference as one unit under actor-reference)."""
+    total = spec.resources.nodes * spec.resources.gpus_per_node
+    shared = spec.training.colocation == "actor-reference"
+    units = [role for role in roles if not (shared and role == "reference")]
+    left = total - engine_gpus - sum(explicit[role] or 0 for role in units)
+    unset = [role for role in units if not explicit[role]]
+    each = left // len(unset) if unset else 0
+    if left < 0 or (unset and each < 1):
+        counts = ", ".join(f"{role}={explicit[role] or 'auto'}" for role in roles)
+        raise InvalidJob([FieldError("spec.resources.gpus", (
+            f"the roles do not fit in {total} GPUs (nodes * gpusPerNode) next to {engine_gpus} for vLLM "
+            f"(engines * tensorParallelSize); counts: {counts}. Add GPUs, lower the counts, or share GPUs "
+            "with training.colocation"))])
+    sizes = {role: explicit[role] or each for role in units}
+    if shared and "reference" in roles:
+        sizes["reference"] = explicit["reference"] or sizes["actor"]
+    return sizes
+
+
+def create_placement_group(placement: Placement) -> PlacementGroup:
+    group = placement_group(placement.bundle_resources, strategy="PACK")
+    ray.get(group.ready())
+    return group
+
+
+def _on_bundle(group: PlacementGroup, placement: Placement, bundle: int, **extra) -> dict:
+    share = placement.share(bundle)
+    return dict(
+        num_cpus=share, num_gpus=share if placement.use_gpu else 0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle), **extra,
+    )
+
+
+class ModelGroup:
+    """The ranks of one role (one DeepSpeed data-parallel group), called together."""
+
+    def __init__(self, role: str, group: PlacementGroup, placement: Placement):
+        worker = ray.remote(ModelWorker)
+        bundles = placement.ranks[role]
+        self.role = role
+        self.workers = [
+            worker.options(**_on_bundle(group, placement, bundle)).remote(rank, len(bundles))
+            for rank, bundle in enumerate(bundles)
+        ]
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def setup(self, cfg: ModelConfig) -> None:
+        master_addr, master_port = ray.get(self.workers[0].master_address.remote())
+        ray.get([w.setup.remote(cfg, master_addr, master_port) for w in self.workers])
+
+    def call(self, method: str, *args) -> list[ray.ObjectRef]:
+        """The same call on every rank (collectives need them all); one ObjectRef per rank."""
+        return [getattr(w, method).remote(*args) for w in self.workers]
+
+    def _shards(self, count: int) -> tuple[list[slice], int]:
+        """Equal row ranges, one per rank, after padding `count` rows to a multiple of the ranks."""
+        per_rank = -(-count // self.size)
+        return [slice(r * per_rank, (r + 1) * per_rank) for r in range(self.size)], per_rank * self.size - count
+
+    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """Log-probs or values [B, T], the batch split over the ranks."""
+        shards, pad = self._shards(sequences.shape[0])
+        # Pad by repeating the last row so every ZeRO-3 rank runs the same number of forward passes.
+        sequences = torch.cat([sequences, sequences[-1:].expand(pad, -1)])
+        attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
+        outputs = ray.get([
+            w.forward.remote(sequences[s], attention_mask[s], num_actions) for w, s in zip(self.workers, shards)
+        ])
+        return torch.cat(outputs)[: sequences.shape[0] - pad]
+
+    def score(self, texts: list[str]) -> Tensor:
+        """Reward-model scores [B], the texts split over the ranks."""
+        shards, pad = self._shards(len(texts))
+        texts = texts + texts[-1:] * pad
+        return torch.cat(ray.get([w.score.remote(texts[s]) for w, s in zip(self.workers, shards)]))[: len(texts) - pad]
+
+    def train(self, experience: Experience, *, train_batch_size: int, micro_batch_size: int, epochs: int,
+              generator: torch.Generator) -> dict[str, float]:
+        """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly over the ranks."""
+        per_rank: list[list[Experience]] = [[] for _ in self.workers]
+        for _ in range(epochs):
+            order = torch.randperm(experience.batch_size, generator=generator)
+            for start in range(0, experience.batch_size, train_batch_size):
+                step_rows = order[start:start + train_batch_size]
+                for rank, rows in enumerate(step_rows.chunk(self.size)):
+                    per_rank[rank] += experience.select(rows).split(micro_batch_size)
+        results = ray.get([w.train.remote(batches) for w, batches in zip(self.workers, per_rank)])
+        return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+
+
+def create_rollout_engines(group: PlacementGroup, placement: Placement, model_path: str, **engine_options) -> list:
+    """One RolloutEngine actor per engine, each on its bundles."""
+    engine = ray.remote(RolloutEngine)
+    engines = []
+    for bundle in placement.ranks[ROLLOUT]:
+        if placement.use_gpu and placement.engine_width > 1:
+            # UNTESTED: vLLM's Ray executor starts one worker per GPU on the bundles named here.
+            width = range(bundle, bundle + placement.engine_width)
+            options = dict(
+                num_cpus=0, num_gpus=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True),
+                runtime_env={"env_vars": {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, width)),
+                                          "VLLM_RAY_PER_WORKER_GPUS": str(placement.share(bundle))}},
+            )
+        else:
+            options = _on_bundle(group, placement, bundle,
+                                 runtime_env={"env_vars": {} if placement.use_gpu else CPU_ENV})
+        engines.append(engine.options(**options).remote(model_path, use_gpu=placement.use_gpu, **engine_options))
+    return engines

@@ -1,0 +1,278 @@
+"""One rank of a model group: a Hugging Face model inside a DeepSpeed engine, run as a Ray actor.
+
+Roles:
+- actor: causal LM, trained with the PPO-clip loss; log-probs of response tokens.
+- reference: frozen causal LM; log-probs for the KL penalty.
+- critic: sequence classifier whose score head is read at every token (values), trained with the value loss.
+- reward: frozen sequence classifier scoring whole texts (the reward of a `type: model` source).
+
+Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
+sharded parameters collectively); `ModelGroup` guarantees it by giving ranks equal shards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rlhf_operator.api.v1alpha1 import ModelSpec, TrainingSpec
+
+from ..algorithms.kl import compute_kl, kl_in_loss
+from ..experience import Experience
+from ..losses import entropy_bonus, entropy_from_logits, masked_mean, ppo_policy_loss, token_log_probs, value_loss
+from .distributed import free_port, init_distributed, node_address
+
+CAUSAL_LM_ROLES = ("actor", "reference")
+TRAINED_ROLES = ("actor", "critic")
+SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
+MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
+
+
+@dataclass
+class ModelConfig:
+    """What a rank needs to build its model and engine (sent once, at setup)."""
+
+    role: str  # actor | critic | reference | reward
+    path: str  # resolved local directory or Hugging Face id
+    model: ModelSpec
+    training: TrainingSpec
+    temperature: float = 1.0  # log-probs are those of the sampling distribution softmax(logits / T)
+    optimizer_steps: int = 1  # length of the learning-rate schedule
+    use_gpu: bool = False
+
+
+def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
+    """DeepSpeed config of a role; frozen models keep ZeRO-3 sharding (or none) and get no optimizer."""
+    training, trainable = cfg.training, cfg.role in TRAINED_ROLES
+    stage = training.zero_stage if trainable else (3 if training.zero_stage == 3 else 0)
+    zero: dict = {"stage": stage}
+    if trainable and training.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
+    micro = training.micro_train_batch_size if trainable else training.micro_rollout_batch_size
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "train_batch_size": training.train_batch_size if trainable else micro * world_size,
+        "gradient_clipping": training.max_grad_norm,
+        "zero_optimization": zero,
+        # bf16 mixed precision keeps fp32 master weights in the optimizer; a float32 model trains in float32.
+        "bf16": {"enabled": training.bf16 and cfg.model.dtype == "bfloat16"},
+        "fp16": {"enabled": cfg.model.dtype == "float16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if trainable:
+        lr = training.learning_rate if cfg.role == "actor" else training.critic_learning_rate
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": lr, "betas": [0.9, 0.95], "weight_decay": training.weight_decay,
+            # DeepSpeed's default here is FusedAdam, a CUDA kernel (a long JIT build on CPU).
+            "torch_adam": not cfg.use_gpu and not training.offload_optimizer,
+        }}
+    return config
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only, so a left-padded prompt sees the positions vLLM used."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 1)
+
+
+class ValueModel(nn.Module):
+    """A sequence classifier read at every position: the value (critic) or reward of each prefix."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.classifier.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        ).last_hidden_state
+        return self.classifier.score(hidden).squeeze(-1).float()  # [B, S]
+
+
+class ModelWorker:
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def master_address(self) -> tuple[str, int]:
+        return node_address(), free_port()
+
+    def setup(self, cfg: ModelConfig, master_addr: str, master_port: int) -> None:
+        import deepspeed
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, get_scheduler
+        from transformers.integrations import HfDeepSpeedConfig
+
+        self.cfg = cfg
+        torch.manual_seed(cfg.training.seed)
+        init_distributed(self.rank, self.world_size, master_addr, master_port, use_gpu=cfg.use_gpu)
+        ds_config = deepspeed_config(cfg, self.world_size)
+        self.zero3 = ds_config["zero_optimization"]["stage"] == 3
+        # Under ZeRO-3, from_pretrained must see the config to load straight into shards; it has to
+        # stay alive as long as the model (transformers holds only a weak reference).
+        self._hf_ds_config = HfDeepSpeedConfig(ds_config) if self.zero3 else None
+        load = dict(dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation,
+                    revision=cfg.model.revision)
+        if cfg.role in CAUSAL_LM_ROLES:
+            model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
+        else:
+            model = ValueModel(AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load))
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
+        if cfg.model.gradient_checkpointing and cfg.role in TRAINED_ROLES:
+            hf_model = model if cfg.role == "actor" else model.classifier
+            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        scheduler = None
+        if cfg.role in TRAINED_ROLES:
+            training = cfg.training
+
+            def scheduler(optimizer):
+                return get_scheduler(
+                    SCHEDULERS[training.lr_scheduler], optimizer,
+                    num_warmup_steps=math.ceil(training.lr_warmup_ratio * cfg.optimizer_steps),
+                    num_training_steps=cfg.optimizer_steps,
+                    scheduler_specific_kwargs={"min_lr_rate": MIN_LR_RATE} if training.lr_scheduler == "cosine_with_min_lr" else None,
+                )
+        else:
+            model.requires_grad_(False)
+        self.engine, *_ = deepspeed.initialize(model=model, config=ds_config, lr_scheduler=scheduler)
+        self.engine.train(cfg.role in TRAINED_ROLES)
+
+    # -- forward passes --------------------------------------------------------------------------
+
+    def _action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature."""
+        logits = self.engine(
+            input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+            logits_to_keep=num_actions + 1,
+        ).logits[:, :-1]
+        return logits.float() / (self.cfg.temperature or 1.0)
+
+    def _action_values(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """V(s_t) [B, T]: the value of the prefix before each response token."""
+        return self.engine(sequences, attention_mask)[:, :-1][:, -num_actions:]
+
+    @torch.no_grad()
+    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T]."""
+        device = self.engine.device
+        outputs = []
+        for start in range(0, sequences.shape[0], self.cfg.training.micro_rollout_batch_size):
+            rows = slice(start, start + self.cfg.training.micro_rollout_batch_size)
+            seq, mask = sequences[rows].to(device), attention_mask[rows].to(device)
+            if self.cfg.role == "critic":
+                outputs.append(self._action_values(seq, mask, num_actions).cpu())
+            else:
+                outputs.append(token_log_probs(self._action_logits(seq, mask, num_actions), seq[:, -num_actions:]).cpu())
+        return torch.cat(outputs)
+
+    @torch.no_grad()
+    def score(self, texts: list[str]) -> Tensor:
+        """Reward model: one score per text [B], read at its last token."""
+        micro = self.cfg.training.micro_rollout_batch_size
+        self.tokenizer.padding_side = "right"
+        scores = []
+        for start in range(0, len(texts), micro):
+            batch = self.tokenizer(texts[start:start + micro], return_tensors="pt", padding=True, add_special_tokens=False)
+            batch = batch.to(self.engine.device)
+            rewards = self.engine(batch.input_ids, batch.attention_mask)  # [b, S]
+            last = batch.attention_mask.sum(-1) - 1
+            scores.append(rewards.gather(1, last.unsqueeze(1)).squeeze(1).cpu())
+        return torch.cat(scores)
+
+    # -- training --------------------------------------------------------------------------------
+
+    def train(self, micro_batches: list[Experience]) -> dict[str, float]:
+        """One pass over this rank's micro-batches; DeepSpeed steps the optimizer every
+        trainBatchSize / (microTrainBatchSize * ranks) of them."""
+        step = self._policy_step if self.cfg.role == "actor" else self._value_step
+        totals: dict[str, float] = {}
+        for experience in micro_batches:
+            for key, value in step(experience.to(self.engine.device)).items():
+                totals[key] = totals.get(key, 0.0) + value
+        metrics = {key: value / len(micro_batches) for key, value in totals.items()}
+        metrics["learning_rate" if self.cfg.role == "actor" else "critic_learning_rate"] = self.engine.get_lr()[0]
+        return metrics
+
+    def _policy_step(self, exp: Experience) -> dict[str, float]:
+        training = self.cfg.training
+        logits = self._action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
+        log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
+        policy = ppo_policy_loss(
+            log_probs, exp.action_log_probs, exp.advantages, exp.action_mask,
+            clip_eps_low=training.clip_eps, clip_eps_high=training.clip_eps_high or None,
+            dual_clip=training.dual_clip, aggregation=training.loss_aggregation,
+        )
+        loss = policy.loss
+        metrics = {"policy_loss": float(policy.loss), "clip_fraction": float(policy.clip_fraction),
+                   "approx_kl": float(policy.approx_kl)}
+        if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
+            kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
+            loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, training.loss_aggregation)
+        entropy = entropy_from_logits(logits if training.entropy_coef else logits.detach())
+        if training.entropy_coef:
+            loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, training.loss_aggregation)
+        metrics["entropy"] = float(masked_mean(entropy.detach(), exp.action_mask))
+        self.engine.backward(loss)
+        self.engine.step()
+        return metrics
+
+    def _value_step(self, exp: Experience) -> dict[str, float]:
+        values = self._action_values(exp.sequences, exp.attention_mask, exp.num_actions)
+        result = value_loss(values, exp.values, exp.returns, exp.action_mask,
+                            clip_eps=self.cfg.training.value_clip, aggregation=self.cfg.training.loss_aggregation)
+        self.engine.backward(result.loss)
+        self.engine.step()
+        return {"value_loss": float(result.loss), "value_clip_fraction": float(result.clip_fraction)}
+
+    # -- weights out -----------------------------------------------------------------------------
+
+    def named_full_parameters(self, dtype: torch.dtype | None = None):
+        """(name, full tensor) per parameter, gathered from the ZeRO-3 shards; every rank must iterate."""
+        import deepspeed
+
+        for name, param in self.engine.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], enabled=self.zero3):
+                yield name, param.data.to(dtype or param.dtype)
+
+    def state_dict(self, dtype: str | None = None) -> dict[str, Tensor] | None:
+        """The full weights on rank 0 (CPU tensors in Hugging Face names); None on the other ranks."""
+        weights = {}
+        for name, tensor in self.named_full_parameters(getattr(torch, dtype) if dtype else None):
+            if self.rank == 0:
+                weights[name] = tensor.detach().to("cpu", copy=True)
+        return weights if self.rank == 0 else None
+
+    def checksums(self) -> dict[str, float]:
+        """Sum of each full parameter as this rank sees it after the gather: equal on every rank of a healthy group."""
+        return {name: tensor.double().sum().item() for name, tensor in self.named_full_parameters()}
+
+    def save_pretrained(self, directory: str) -> None:
+        """Export in Hugging Face format (rank 0 writes; every rank takes part in the gather)."""
+        weights = self.state_dict()
+        if self.rank == 0:
+            self.engine.module.save_pretrained(directory, state_dict=weights)
+            self.tokenizer.save_pretrained(directory)
+
+    def broadcast_weights(self, engines: list, dtype: str) -> None:
+        """GPU weight sync, sender side (see weight_sync.py)."""
+        from .weight_sync import broadcast_parameters
+
+        broadcast_parameters(self, engines, getattr(torch, dtype))
+
+    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int) -> None:
+        from .weight_sync import init_sender
+
+        self.sync_group = init_sender(master_addr, master_port, world_size)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str, tag: str) -> None:
+        self.engine.save_checkpoint(directory, tag=tag, save_latest=False)
+
+    def load_checkpoint(self, directory: str, tag: str) -> None:
+        path, _ = self.engine.load_checkpoint(directory, tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
