@@ -47,6 +47,12 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    from .runner import run
+
+    return run(args.namespace, args.metrics_port, args.health_port, verbose=args.verbose)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="rlhf", description="RLHF and RL post-training jobs on Kubernetes (RLHFJob).")
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -59,6 +65,18 @@ def parser() -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
+
+    operator = commands.add_parser(
+        "operator", help="run the operator: reconcile RLHFJobs into KubeRay RayJobs (kopf)",
+        description="Watches every namespace unless --namespace is given; stops on SIGTERM.")
+    scope = operator.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; a glob such as team-* works too)")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (%(default)s)")
+    operator.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port, /healthz (%(default)s)")
+    operator.add_argument("--verbose", action="store_true", help="log every handler run")
+    operator.set_defaults(func=cmd_operator)
     return root
 
 

@@ -1,0 +1,64 @@
+"""What only the operator can judge about a spec the CRD admitted: can it be realised here?
+
+A check that fails raises Unrealisable with a CamelCase reason and a message that says what to
+change; the job then ends Failed instead of leaving pods Pending forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .api import v1alpha1 as api
+
+# Most GPUs one node of a product carries (values of the GFD label nvidia.com/gpu.product).
+GPUS_PER_NODE = {
+    "NVIDIA-B200": 8,
+    "NVIDIA-GB200": 4,
+    "NVIDIA-H200": 8,
+    "NVIDIA-H100-80GB-HBM3": 8,
+    "NVIDIA-H100-NVL": 8,
+    "NVIDIA-H100-PCIe": 8,
+    "NVIDIA-A100-SXM4-80GB": 8,
+    "NVIDIA-A100-SXM4-40GB": 8,
+    "NVIDIA-A100-80GB-PCIe": 8,
+    "NVIDIA-L40S": 8,
+    "NVIDIA-L4": 8,
+    "NVIDIA-A10G": 8,
+    "Tesla-V100-SXM2-16GB": 8,
+    "Tesla-T4": 8,
+}
+
+
+class Unrealisable(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def check_gpus(spec: api.RLHFJobSpec) -> None:
+    resources = spec.resources
+    most = GPUS_PER_NODE.get(resources.gpu_product or "")
+    if most is not None and resources.gpus_per_node > most:
+        raise Unrealisable(
+            "TooManyGPUsPerNode",
+            f"spec.resources.gpusPerNode is {resources.gpus_per_node} but a {resources.gpu_product} node has at "
+            f"most {most} GPUs: set gpusPerNode to {most} or less and raise spec.resources.nodes instead")
+
+
+def check_reward_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool]) -> None:
+    namespace = job.metadata["namespace"]
+    for source in job.spec.reward.sources if job.spec.reward else []:
+        name = source.function.config_map if source.function else None
+        if name and not config_map_exists(name):
+            raise Unrealisable(
+                "RewardConfigMapNotFound",
+                f"reward source {source.name!r} loads its code from ConfigMap {name!r}, which does not exist in "
+                f"namespace {namespace}: create it (kubectl -n {namespace} create configmap {name} "
+                f"--from-file=<your reward .py files>), then delete and re-create this RLHFJob")
+
+
+def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool]) -> None:
+    """Every check, cheapest first; raises Unrealisable on the first that fails."""
+    check_gpus(job.spec)
+    check_reward_config_maps(job, config_map_exists)

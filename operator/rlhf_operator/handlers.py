@@ -1,0 +1,67 @@
+"""kopf handler registrations, nothing else: `kopf run -m rlhf_operator.handlers` or `rlhf operator`.
+
+- RLHFJob created, changed, or found at startup: reconcile (kopf retries failures with backoff);
+  a resync timer repeats it for unfinished jobs, so nothing stays stuck on a lost event.
+- RayJob events (ours only, selected by label on the server): mirror status, recreate if deleted.
+- Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
+- Every RLHFJob event: the jobs-by-phase metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from . import lifecycle, metrics, reconcile
+from . import settings as operator_settings
+from .api.v1alpha1 import GROUP, PLURAL, VERSION
+from .status import finished
+
+RESYNC_SECONDS = 120
+DEFAULT_METRICS_PORT = 8080
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    operator_settings.configure(settings)
+    metrics.serve(memo.get("metrics_port", DEFAULT_METRICS_PORT))
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile_job(body: kopf.Body, **_: Any) -> None:
+    with metrics.measured("reconcile"):
+        reconcile.reconcile(body)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
+            when=lambda status, **_: not finished(status))
+def resync_job(body: kopf.Body, **_: Any) -> None:
+    with metrics.measured("resync"):
+        reconcile.reconcile(body)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1,
+             when=lambda spec, status, **_: lifecycle.seconds_until_expiry(spec, status, lifecycle.now()) is not None)
+async def delete_after_ttl(name: str, namespace: str, uid: str, spec: kopf.Spec, status: kopf.Status,
+                           **_: Any) -> None:
+    await asyncio.sleep(max(0.0, lifecycle.seconds_until_expiry(spec, status, lifecycle.now()) or 0.0))
+    with metrics.measured("ttl"):
+        await asyncio.to_thread(reconcile.expire, namespace, name, uid)
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs")
+def follow_ray_job(type: str | None, body: kopf.Body, **_: Any) -> None:
+    with metrics.measured("rayjob-event"):
+        reconcile.on_ray_job_event(type, body)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def count_job(type: str | None, uid: str, status: kopf.Status, **_: Any) -> None:
+    if type == "DELETED":
+        metrics.JOBS.gone(uid)
+    else:
+        metrics.JOBS.seen(uid, status.get("phase"))

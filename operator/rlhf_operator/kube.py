@@ -1,0 +1,98 @@
+"""The few Kubernetes API calls the operator makes, on plain dicts.
+
+One ApiClient (in-cluster credentials, else the kubeconfig) and the REST paths of the kinds the
+operator touches; errors are kubernetes' ApiException (status 404, 409, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from .api import v1alpha1 as api
+
+# kind -> (API path prefix, plural)
+RESOURCES = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "RayJob": ("/apis/ray.io/v1", "rayjobs"),
+    api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
+}
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class Kube:
+    def __init__(self, api_client: k8s.ApiClient):
+        self.api_client = api_client
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        configuration = k8s.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration))
+
+    def _request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
+                 content_type: str = "application/json") -> Any:
+        request = self.api_client.param_serialize(
+            method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+        )
+        response = self.api_client.call_api(*request)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            self.api_client.response_deserialize(response, {})  # raises the matching ApiException
+        return json.loads(data) if data else None
+
+    @staticmethod
+    def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        prefix, plural = RESOURCES[kind]
+        return "/".join(part for part in (prefix, "namespaces", namespace, plural, name, subresource) if part)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._request("GET", self._path(kind, namespace, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        found = self._request("GET", self._path(kind, namespace), query=[("labelSelector", label_selector)])
+        return found["items"]
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", self._path(obj["kind"], obj["metadata"]["namespace"]), obj)
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
+              subresource: str | None = None) -> dict[str, Any]:
+        """A JSON merge patch; a metadata.resourceVersion in it makes the write conditional (409 if stale)."""
+        return self._request("PATCH", self._path(kind, namespace, name, subresource), patch, content_type=MERGE_PATCH)
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete that very object (not a newer one of the same name); children go in the background."""
+        options = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            self._request("DELETE", self._path(kind, namespace, name), options)
+        except ApiException as error:
+            if error.status not in (404, 409):  # gone, or replaced by a newer object
+                raise
+
+
+@cache
+def client() -> Kube:
+    return Kube.from_environment()
+
+
+def exists(kind: str, namespace: str, name: str) -> bool:
+    return client().get(kind, namespace, name) is not None

@@ -1,0 +1,322 @@
+"""An RLHFJob's children as plain dicts: pure functions of the validated job, no API calls.
+
+The job is realised as a ConfigMap (the spec as the trainer's config file), a ServiceAccount with a
+Role and RoleBinding (the trainer may read its own RLHFJob and patch its status, nothing else), and
+a KubeRay RayJob whose Ray cluster has a CPU head (runs the trainer driver) and one group of GPU
+workers. Every child is owned by the job, so deleting the job deletes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import yaml
+
+from . import lifecycle, names
+from .api import v1alpha1 as api
+
+RAY_API_VERSION = "ray.io/v1"
+# The Ray version of the trainer image (pyproject pins ray 2.60). KubeRay needs it for token auth,
+# which Ray enables by default since 2.52.
+RAY_VERSION = "2.60.0"
+METRICS_PORT = 9400  # the trainer's Prometheus endpoint on the head (RLHF_METRICS_PORT)
+RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart, since the trainer's port is "metrics"
+MODELS_DIR = "/mnt/models"
+ENTRYPOINT = f"rlhf run {api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}"
+
+
+def _metadata(job: api.RLHFJob, name: str) -> dict[str, Any]:
+    child = {"metadata": {
+        "name": name,
+        "namespace": job.metadata["namespace"],
+        "labels": names.labels(job.metadata["name"]),
+    }}
+    # Not kopf.adopt: it would also copy the job's labels, and a GitOps tracking label
+    # (Argo CD's app.kubernetes.io/instance) on a child makes Argo CD prune it.
+    owner = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": job.metadata}
+    kopf.append_owner_reference(child, owner=owner)
+    return child["metadata"]
+
+
+# ------------------------------------------------------------------------------- config and RBAC
+
+
+def trainer_config(job: api.RLHFJob) -> dict[str, Any]:
+    """The RLHFJob manifest the trainer reads: identity only, and the spec with defaults applied."""
+    meta = {key: job.metadata[key] for key in ("name", "namespace", "uid") if key in job.metadata}
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": meta,
+        "spec": job.spec.model_dump(by_alias=True, exclude_none=True),
+    }
+
+
+def config_map(job: api.RLHFJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, names.config_map(job.metadata["name"])),
+        "data": {api.JOB_CONFIG_FILE: yaml.safe_dump(trainer_config(job), sort_keys=False)},
+    }
+
+
+def service_account(job: api.RLHFJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(job, names.trainer(job.metadata["name"])),
+    }
+
+
+def role(job: api.RLHFJob) -> dict[str, Any]:
+    """The trainer reads its own RLHFJob and patches its status; resourceNames pins both to this job."""
+    own = [job.metadata["name"]]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(job, names.trainer(job.metadata["name"])),
+        "rules": [
+            {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": own, "verbs": ["get"]},
+            {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": own, "verbs": ["patch"]},
+        ],
+    }
+
+
+def role_binding(job: api.RLHFJob) -> dict[str, Any]:
+    name = names.trainer(job.metadata["name"])
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(job, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.metadata["namespace"]}],
+    }
+
+
+# ------------------------------------------------------------------------------------ pod pieces
+
+
+def reward_token_env(source_name: str) -> str:
+    return f"RLHF_REWARD_{source_name.upper().replace('-', '_')}_TOKEN"
+
+
+def _trainer_env(job: api.RLHFJob) -> list[dict[str, Any]]:
+    """Env of every Ray container: who the job is, reward tokens by reference, then the user's."""
+    env = [
+        {"name": "RLHF_JOB_NAME", "value": job.metadata["name"]},
+        {"name": "RLHF_JOB_NAMESPACE", "value": job.metadata["namespace"]},
+    ]
+    for source in job.spec.reward.sources if job.spec.reward else []:
+        if source.http and source.http.auth_secret_ref:
+            ref = source.http.auth_secret_ref
+            env.append({"name": reward_token_env(source.name),
+                        "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _merge_env(ours: list[dict[str, Any]], user: list[api.EnvVar]) -> list[dict[str, Any]]:
+    """Ours, then the user's; a user variable of the same name replaces ours (no duplicates)."""
+    theirs = [var.model_dump(by_alias=True, exclude_none=True) for var in user]
+    overridden = {var["name"] for var in theirs}
+    return [var for var in ours if var["name"] not in overridden] + theirs
+
+
+def _nccl_env(rdma: api.RDMASpec) -> list[dict[str, Any]]:
+    settings = {
+        "NCCL_IB_HCA": rdma.hca,
+        "NCCL_SOCKET_IFNAME": rdma.socket_ifname,
+        "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
+        "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
+        "NCCL_DEBUG": rdma.nccl_debug,
+    }
+    return [{"name": key, "value": value} for key, value in settings.items() if value is not None]
+
+
+def _volumes(job: api.RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and mounts shared by head and workers: config, reward code, models, checkpoints, /dev/shm."""
+    spec = job.spec
+    volumes = [
+        {"name": "job-config", "configMap": {"name": names.config_map(job.metadata["name"])}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+    ]
+    # job.yaml is mounted by subPath so that /etc/rlhf stays a plain directory: reward ConfigMaps
+    # are mounted below it, and a mount point cannot be created inside a read-only ConfigMap volume.
+    mounts = [
+        {"name": "job-config", "mountPath": f"{api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}",
+         "subPath": api.JOB_CONFIG_FILE, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    functions = [s for s in (spec.reward.sources if spec.reward else []) if s.function and s.function.config_map]
+    for index, source in enumerate(functions):
+        volumes.append({"name": f"reward-fn-{index}", "configMap": {"name": source.function.config_map}})
+        mounts.append({"name": f"reward-fn-{index}", "mountPath": f"{api.REWARD_FUNCTIONS_DIR}/{source.name}",
+                       "readOnly": True})
+    for role_name, model in spec.models:
+        if model is not None and model.pvc is not None:
+            volumes.append({"name": f"model-{role_name}",
+                            "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True}})
+            mount = {"name": f"model-{role_name}", "mountPath": f"{MODELS_DIR}/{role_name}", "readOnly": True}
+            if model.pvc.sub_path:
+                mount["subPath"] = model.pvc.sub_path
+            mounts.append(mount)
+    if spec.checkpoint.pvc:
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
+        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
+    return volumes, mounts
+
+
+def _pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    resources = job.spec.resources
+    pod: dict[str, Any] = {
+        "serviceAccountName": names.trainer(job.metadata["name"]),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if resources.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": secret} for secret in resources.image_pull_secrets]
+    if resources.priority_class_name:
+        pod["priorityClassName"] = resources.priority_class_name
+    return pod
+
+
+def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
+               limits: dict[str, str]) -> dict[str, Any]:
+    resources = job.spec.resources
+    container = {
+        "name": name,
+        "image": resources.image,
+        "imagePullPolicy": resources.image_pull_policy,
+        "env": _merge_env(env, resources.env),
+        "resources": {"requests": dict(limits), "limits": dict(limits)},
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if resources.env_from:
+        container["envFrom"] = list(resources.env_from)
+    return container
+
+
+def _head_group(job: api.RLHFJob) -> dict[str, Any]:
+    head = job.spec.resources.head
+    volumes, mounts = _volumes(job)
+    env = [*_trainer_env(job), {"name": "RLHF_METRICS_PORT", "value": str(METRICS_PORT)}]
+    container = _container(job, "ray-head", env, mounts, {"cpu": head.cpu, "memory": head.memory})
+    container["ports"] = [
+        {"name": "metrics", "containerPort": METRICS_PORT},
+        {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
+    ]
+    return {
+        # The head runs the trainer driver only; GPUs belong to the workers.
+        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {
+            "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "head"}},
+            "spec": _pod_spec(job, container, volumes),
+        },
+    }
+
+
+def _gpu_node_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
+    if resources.gpus_per_node == 0 or not resources.gpu_product:
+        return None
+    return {"key": "nvidia.com/gpu.product", "operator": "In", "values": [resources.gpu_product]}
+
+
+def _worker_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
+    """The user's affinity with the GPU product required on top.
+
+    Node selector terms are ORed and expressions within a term ANDed, so the product requirement
+    is added to every term the user wrote (or forms the only term).
+    """
+    affinity = dict(resources.affinity or {})
+    product = _gpu_node_affinity(resources)
+    if product is not None:
+        node = dict(affinity.get("nodeAffinity") or {})
+        required = dict(node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = required.get("nodeSelectorTerms") or [{}]
+        required["nodeSelectorTerms"] = [
+            {**term, "matchExpressions": [*term.get("matchExpressions", []), product]} for term in terms
+        ]
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = required
+        affinity["nodeAffinity"] = node
+    return affinity or None
+
+
+def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
+    resources = job.spec.resources
+    volumes, mounts = _volumes(job)
+    limits = {"cpu": resources.worker.cpu, "memory": resources.worker.memory}
+    env = _trainer_env(job)
+    tolerations = list(resources.tolerations)
+    if resources.gpus_per_node > 0:
+        limits[resources.gpu_resource_name] = str(resources.gpus_per_node)
+        # GPU pools are tainted with the GPU resource name (nvidia.com/gpu) by every major provider.
+        gpu_toleration = {"key": resources.gpu_resource_name, "operator": "Exists"}
+        if gpu_toleration not in tolerations:
+            tolerations.insert(0, gpu_toleration)
+    if resources.rdma:
+        limits[resources.rdma.resource_name] = str(resources.rdma.resource_count)
+        env += _nccl_env(resources.rdma)
+    container = _container(job, "ray-worker", env, mounts, limits)
+    if resources.rdma:
+        # RDMA registers (pins) memory, which needs IPC_LOCK.
+        container["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
+
+    pod = _pod_spec(job, container, volumes)
+    if resources.node_selector:
+        pod["nodeSelector"] = dict(resources.node_selector)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    affinity = _worker_affinity(resources)
+    if affinity:
+        pod["affinity"] = affinity
+    nodes = resources.nodes
+    return {
+        "groupName": "gpu-workers" if resources.gpus_per_node > 0 else "cpu-workers",
+        "replicas": nodes,
+        "minReplicas": nodes,
+        "maxReplicas": nodes,
+        "rayStartParams": {},
+        "template": {
+            "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "worker"}},
+            "spec": pod,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------- RayJob
+
+
+def ray_job(job: api.RLHFJob) -> dict[str, Any]:
+    name = job.metadata["name"]
+    spec = job.spec
+    metadata = _metadata(job, names.ray_job(name))
+    if spec.queue_name:
+        metadata["labels"][lifecycle.QUEUE_LABEL] = spec.queue_name
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayJob",
+        "metadata": metadata,
+        "spec": {
+            "entrypoint": ENTRYPOINT,
+            # A submitter Job runs `ray job submit` and follows the logs: `kubectl logs job/<rayjob>`.
+            "submissionMode": "K8sJobMode",
+            # KubeRay (and Kueue) suspend only RayJobs whose cluster goes when the job finishes.
+            "shutdownAfterJobFinishes": True,
+            **{key: value for key, value in lifecycle.ray_job_fields(spec).items() if value is not None},
+            "suspend": lifecycle.initial_suspend(spec),
+            "rayClusterSpec": {
+                "rayVersion": RAY_VERSION,
+                "enableInTreeAutoscaling": False,
+                "authOptions": {"mode": "token"},
+                "headGroupSpec": _head_group(job),
+                "workerGroupSpecs": [_worker_group(job)],
+            },
+        },
+    }
+
+
+def supporting_children(job: api.RLHFJob) -> list[dict[str, Any]]:
+    """What the RayJob's pods mount and run as, in creation order; the RayJob comes after them."""
+    return [config_map(job), service_account(job), role(job), role_binding(job)]

@@ -1,0 +1,42 @@
+"""kopf settings for production: our own finalizer and annotations, bounded watches, backoff."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from .api import v1alpha1 as api
+from .names import LABEL_MANAGED_BY, MANAGED_BY
+
+PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name
+FINALIZER = f"{PREFIX}/finalizer"
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    persistence = settings.persistence
+    persistence.finalizer = FINALIZER
+    persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
+
+    # Reconnect watches before the API server or a load balancer silently drops them.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    # Only RayJobs we created: filtered by the API server, not after the fact.
+    settings.watching.label_selectors["ray.io", "rayjobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    settings.networking.error_backoffs = (1, 2, 5, 10, 30, 60)
+    settings.execution.default_backoff = 10  # retry of a failed handler (API errors, conflicts)
+    settings.execution.max_workers = 8  # threads for the sync handlers
+
+    # Events only from explicit kopf.event() calls (one per status transition), not from logs.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = MANAGED_BY
+
+    # One replica (the Helm chart's Deployment uses the Recreate strategy): no peering objects.
+    settings.peering.standalone = True

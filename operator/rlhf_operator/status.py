@@ -1,0 +1,207 @@
+"""RLHFJob status from its RayJob: a small state machine, pure (the time is an argument).
+
+`observe` reads KubeRay's RayJob status (jobDeploymentStatus, jobStatus, reason, message) into a
+phase with a reason and a message for humans; `next_status` turns that into the status fields the
+operator owns (phase, conditions, times, names); `transition` says whether it is worth an Event.
+The trainer's fields (progress, metrics, lastCheckpoint) are never part of any of it.
+
+| RayJob jobDeploymentStatus | jobStatus          | phase        | reason                   |
+| -------------------------- | ------------------ | ------------ | ------------------------ |
+| Complete                   | SUCCEEDED          | Succeeded    | Completed                |
+| Complete                   | STOPPED            | Failed       | Stopped                  |
+| Complete                   | other              | Failed       | KubeRay's or RayJobFailed|
+| Failed                     | any                | Failed       | KubeRay's (AppFailed...) |
+| ValidationFailed           | any                | Failed       | RayJobInvalid            |
+| any other, spec.suspend    | (Suspended)        | Suspended    | Suspended or Queued      |
+| any other, spec.suspend    | (not Suspended)    | Suspended    | Suspending               |
+| Suspending                 | any                | Suspended    | Suspending               |
+| Suspended (resume asked)   | any                | Pending      | Resuming                 |
+| "" (new)                   | any                | Pending      | RayJobCreated            |
+| Initializing               | any                | Provisioning | StartingRayCluster       |
+| Waiting                    | any                | Provisioning | WaitingForSubmission     |
+| Running                    | "" or PENDING      | Provisioning | SubmittingJob            |
+| Running                    | RUNNING            | Running      | Training                 |
+| Running                    | terminal           | Running      | Finishing                |
+| Retrying                   | any                | Provisioning | Retrying                 |
+
+Succeeded and Failed are final: once there, the status no longer follows the RayJob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TERMINAL = ("Succeeded", "Failed")
+CONDITION_TYPES = ("Ready", "Running", "Succeeded", "Failed", "Suspended")
+TRUE_CONDITIONS = {
+    "Pending": (),
+    "Provisioning": (),
+    "Running": ("Ready", "Running"),
+    "Succeeded": ("Ready", "Succeeded"),
+    "Failed": ("Failed",),
+    "Suspended": ("Suspended",),
+}
+# The status fields the operator writes; everything else in status belongs to the trainer.
+OWNED_FIELDS = (
+    "phase", "reason", "message", "conditions", "observedGeneration", "rayJobName", "rayClusterName",
+    "dashboardURL", "startTime", "completionTime",
+)
+RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+@dataclass(frozen=True)
+class Observation:
+    phase: str
+    reason: str
+    message: str
+    ray_job_name: str | None = None
+    ray_cluster_name: str | None = None
+    dashboard_url: str | None = None
+    started_at: str | None = None  # KubeRay's startTime: when it began to bring up the cluster
+    finished_at: str | None = None  # KubeRay's endTime
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A Kubernetes Event worth posting: the job moved to another phase or reason."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -> tuple[str, str, str]:
+    name = ray_job["metadata"]["name"]
+    status = ray_job.get("status") or {}
+    deployment = status.get("jobDeploymentStatus", "")
+    job_status = status.get("jobStatus", "")
+    kuberay_reason = status.get("reason") or ""
+    kuberay_message = status.get("message") or ""
+    cluster = status.get("rayClusterName") or f"of RayJob {name}"
+
+    if deployment == "Complete" and job_status == "SUCCEEDED":
+        return "Succeeded", "Completed", "Training finished successfully"
+    if deployment == "Complete" and job_status == "STOPPED":
+        return "Failed", "Stopped", f"The training job was stopped before it finished. {kuberay_message}".strip()
+    if deployment in ("Complete", "Failed"):
+        detail = kuberay_message or f"KubeRay marked RayJob {name} {deployment} (Ray job status {job_status or 'unknown'})"
+        return "Failed", kuberay_reason or "RayJobFailed", f"Training failed: {detail}"
+    if deployment == "ValidationFailed":
+        return "Failed", "RayJobInvalid", f"KubeRay rejected RayJob {name}: {kuberay_message}"
+
+    if (ray_job.get("spec") or {}).get("suspend"):
+        if deployment != "Suspended":
+            return "Suspended", "Suspending", "Suspending: waiting for KubeRay to release the Ray cluster"
+        if queue_name and not suspend:
+            return "Suspended", "Queued", f"Waiting for Kueue to admit the job from LocalQueue {queue_name}"
+        return ("Suspended", "Suspended",
+                "Suspended (spec.suspend is true); set it to false to resume from the newest checkpoint")
+
+    match deployment:
+        case "Suspending":
+            return "Suspended", "Suspending", "Suspending: waiting for KubeRay to release the Ray cluster"
+        case "Suspended":
+            return "Pending", "Resuming", "Resuming: waiting for KubeRay to start a new Ray cluster"
+        case "":
+            return "Pending", "RayJobCreated", f"RayJob {name} created; waiting for KubeRay to start the Ray cluster"
+        case "Initializing":
+            return ("Provisioning", "StartingRayCluster",
+                    f"Starting Ray cluster {cluster}: waiting for its pods to be scheduled and ready")
+        case "Waiting":
+            return "Provisioning", "WaitingForSubmission", f"Ray cluster {cluster} is ready; waiting for the job submission"
+        case "Running" if job_status == "RUNNING":
+            return "Running", "Training", f"Training on Ray cluster {cluster}"
+        case "Running" if job_status in RAY_JOB_TERMINAL:
+            return "Running", "Finishing", f"The training job ended ({job_status}); waiting for KubeRay to record the result"
+        case "Running":
+            return "Provisioning", "SubmittingJob", f"Ray cluster {cluster} is ready; the training job is submitted and starting"
+        case "Retrying":
+            attempts = (ray_job.get("spec") or {}).get("backoffLimit", 0) + 1
+            return ("Provisioning", "Retrying",
+                    f"The run failed ({status.get('failed', 1)} of {attempts} attempts); retrying on a new Ray cluster "
+                    f"from the newest checkpoint. {kuberay_message}".strip())
+    return ("Provisioning", "UnknownRayJobState",
+            f"KubeRay reports jobDeploymentStatus {deployment!r}, which this operator does not know")
+
+
+def observe(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -> Observation:
+    """What the RayJob says about the run. suspend and queue_name are the RLHFJob's."""
+    phase, reason, message = _verdict(ray_job, suspend=suspend, queue_name=queue_name)
+    status = ray_job.get("status") or {}
+    return Observation(
+        phase=phase,
+        reason=reason,
+        message=message,
+        ray_job_name=ray_job["metadata"]["name"],
+        ray_cluster_name=status.get("rayClusterName") or None,
+        dashboard_url=status.get("dashboardURL") or None,
+        started_at=status.get("startTime"),
+        finished_at=status.get("endTime"),
+    )
+
+
+def _conditions(previous: list[dict[str, Any]], obs: Observation, now: str,
+                generation: int | None) -> list[dict[str, Any]]:
+    """metav1.Conditions: lastTransitionTime moves only when a condition's status flips."""
+    before = {condition["type"]: condition for condition in previous}
+    conditions = []
+    for kind in CONDITION_TYPES:
+        status = "True" if kind in TRUE_CONDITIONS[obs.phase] else "False"
+        old = before.get(kind)
+        condition = {
+            "type": kind,
+            "status": status,
+            "reason": obs.reason,
+            "message": obs.message,
+            "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
+        }
+        if generation is not None:
+            condition["observedGeneration"] = generation
+        conditions.append(condition)
+    return conditions
+
+
+def owned(status: dict[str, Any]) -> dict[str, Any]:
+    return {field: status.get(field) for field in OWNED_FIELDS}
+
+
+def next_status(current: dict[str, Any], obs: Observation, now: str, generation: int | None) -> dict[str, Any]:
+    """Every owned field as it should be (None: absent). generation None keeps observedGeneration."""
+    if current.get("phase") in TERMINAL:
+        return owned(current)
+    observed = generation if generation is not None else current.get("observedGeneration")
+    started = current.get("startTime")
+    if started is None and (obs.phase in ("Provisioning", "Running") or (obs.phase in TERMINAL and obs.started_at)):
+        started = obs.started_at or now
+    completed = current.get("completionTime")
+    if completed is None and obs.phase in TERMINAL:
+        completed = obs.finished_at or now
+    return {
+        "phase": obs.phase,
+        "reason": obs.reason,
+        "message": obs.message,
+        "conditions": _conditions(current.get("conditions") or [], obs, now, observed),
+        "observedGeneration": observed,
+        "rayJobName": obs.ray_job_name,
+        "rayClusterName": obs.ray_cluster_name,
+        "dashboardURL": obs.dashboard_url,
+        "startTime": started,
+        "completionTime": completed,
+    }
+
+
+def changes(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch of the owned fields that differ (None removes a field)."""
+    return {field: value for field, value in desired.items() if current.get(field) != value}
+
+
+def transition(current: dict[str, Any], desired: dict[str, Any]) -> Transition | None:
+    if (current.get("phase"), current.get("reason")) == (desired["phase"], desired["reason"]):
+        return None
+    kind = "Warning" if desired["phase"] == "Failed" else "Normal"
+    return Transition(kind, desired["reason"], desired["message"])
+
+
+def finished(status: dict[str, Any] | None) -> bool:
+    return (status or {}).get("phase") in TERMINAL

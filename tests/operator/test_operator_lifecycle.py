@@ -1,0 +1,69 @@
+"""Suspend, deadlines and TTL as the RayJob and the TTL daemon see them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from operator_jobs import as_job, tiny
+
+from rlhf_operator import lifecycle, render
+
+
+def existing_ray_job(**spec_overrides):
+    ray_job = render.ray_job(as_job(tiny()))
+    ray_job["spec"].update(spec_overrides)
+    return ray_job
+
+
+def test_an_unchanged_job_needs_no_patch():
+    job = as_job(tiny())
+    assert lifecycle.ray_job_patch(job.spec, render.ray_job(job)) is None
+
+
+def test_suspend_and_resume_flip_the_ray_job_flag():
+    assert lifecycle.ray_job_patch(as_job(tiny(suspend=True)).spec, existing_ray_job()) == {"spec": {"suspend": True}}
+    assert lifecycle.ray_job_patch(as_job(tiny()).spec, existing_ray_job(suspend=True)) == {"spec": {"suspend": False}}
+
+
+@pytest.mark.parametrize("kueue_flag", [True, False])
+def test_kueue_owns_the_flag_of_a_queued_job_until_the_user_suspends_it(kueue_flag: bool):
+    queued = existing_ray_job(suspend=kueue_flag)
+    queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a"
+    assert lifecycle.ray_job_patch(as_job(tiny(queueName="team-a")).spec, queued) is None
+    patch = lifecycle.ray_job_patch(as_job(tiny(queueName="team-a", suspend=True)).spec, queued)
+    assert patch == (None if kueue_flag else {"spec": {"suspend": True}})
+
+
+def test_changed_deadline_backoff_ttl_and_queue_are_patched():
+    spec = as_job(tiny(activeDeadlineSeconds=60, backoffLimit=3, ttlSecondsAfterFinished=10, queueName="q")).spec
+    ray_job = existing_ray_job(suspend=True)
+    assert lifecycle.ray_job_patch(spec, ray_job) == {
+        "spec": {"backoffLimit": 3, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 10},
+        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
+    }
+    # Removing the deadline removes it from the RayJob (null in a merge patch).
+    with_deadline = existing_ray_job(activeDeadlineSeconds=60)
+    assert lifecycle.ray_job_patch(as_job(tiny()).spec, with_deadline) == {"spec": {"activeDeadlineSeconds": None}}
+
+
+NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def finished_at(seconds_ago: int, phase: str = "Succeeded") -> dict:
+    return {"phase": phase, "completionTime": lifecycle.timestamp(NOW - timedelta(seconds=seconds_ago))}
+
+
+def test_ttl_counts_from_completion():
+    spec = {"ttlSecondsAfterFinished": 100}
+    assert lifecycle.seconds_until_expiry(spec, finished_at(30), NOW) == 70
+    assert lifecycle.seconds_until_expiry(spec, finished_at(130, "Failed"), NOW) == -30
+
+
+@pytest.mark.parametrize("spec, status", [
+    ({}, finished_at(30)),  # no TTL: kept forever
+    ({"ttlSecondsAfterFinished": 0}, {"phase": "Running"}),  # not finished
+    ({"ttlSecondsAfterFinished": 0}, None),
+])
+def test_no_expiry_without_ttl_or_before_the_end(spec, status):
+    assert lifecycle.seconds_until_expiry(spec, status, NOW) is None

@@ -1,0 +1,268 @@
+"""The rendered children: a golden RayJob per example, and each rule of the rendering."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from operator_jobs import EXAMPLES, NAMESPACE, UID, as_job, load_example, tiny
+
+from rlhf_operator import names, render
+from rlhf_operator.api import v1alpha1 as api
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_rendered_ray_job_matches_golden(example: Path):
+    """UPDATE_GOLDEN=1 rewrites the golden files; review the diff like code."""
+    rendered = yaml.safe_dump(render.ray_job(as_job(yaml.safe_load(example.read_text()))), sort_keys=False)
+    golden = GOLDEN / f"{example.stem}.rayjob.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert golden.exists(), f"no golden file {golden.name}: run with UPDATE_GOLDEN=1"
+    assert rendered == golden.read_text(), f"{golden.name} differs: review, then UPDATE_GOLDEN=1 to accept"
+
+
+def test_every_example_has_a_golden_file_and_no_stale_ones():
+    assert {p.name for p in GOLDEN.glob("*.yaml")} == {f"{p.stem}.rayjob.yaml" for p in EXAMPLES}
+
+
+def head_and_worker(ray_job: dict) -> tuple[dict, dict]:
+    cluster = ray_job["spec"]["rayClusterSpec"]
+    [worker] = cluster["workerGroupSpecs"]
+    return cluster["headGroupSpec"], worker
+
+
+def container(group: dict) -> dict:
+    [only] = group["template"]["spec"]["containers"]
+    return only
+
+
+def env(group: dict) -> dict:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container(group)["env"]}
+
+
+def mounts(group: dict) -> dict:
+    return {m["mountPath"]: m for m in container(group)["volumeMounts"]}
+
+
+def volumes(group: dict) -> dict:
+    return {v["name"]: v for v in group["template"]["spec"]["volumes"]}
+
+
+def test_every_child_is_owned_by_the_job_and_labelled():
+    job = as_job(load_example("ppo-job.yaml"))
+    for child in [*render.supporting_children(job), render.ray_job(job)]:
+        meta = child["metadata"]
+        assert meta["namespace"] == NAMESPACE
+        assert meta["ownerReferences"] == [{
+            "controller": True, "blockOwnerDeletion": True,
+            "apiVersion": api.API_VERSION, "kind": api.KIND, "name": "ppo-llama3-8b", "uid": UID}]
+        assert meta["labels"][names.JOB_LABEL] == "ppo-llama3-8b"
+
+
+def test_job_labels_are_not_copied_to_children():
+    doc = load_example("ppo-job.yaml")
+    job = as_job(doc)
+    job.metadata["labels"] = {"app.kubernetes.io/instance": "argo-app"}
+    assert "app.kubernetes.io/instance" not in render.ray_job(job)["metadata"]["labels"]
+
+
+def test_config_map_carries_the_job_with_defaults_for_the_trainer():
+    job = as_job(load_example("grpo-job.yaml"))
+    cm = render.config_map(job)
+    config = yaml.safe_load(cm["data"][api.JOB_CONFIG_FILE])
+    assert config["metadata"] == {"name": "grpo-qwen2-5-7b-math", "namespace": NAMESPACE, "uid": UID}
+    assert config["spec"] == job.spec.model_dump(by_alias=True, exclude_none=True)
+    assert config["spec"]["training"]["zeroStage"] == 3  # a default the example does not set
+    # The config file round-trips through the API validation, as the trainer will read it.
+    from rlhf_operator.api.validation import validate
+    assert validate(config).spec == job.spec
+
+
+def test_trainer_role_allows_only_its_own_job():
+    job = as_job(tiny())
+    assert render.role(job)["rules"] == [
+        {"apiGroups": ["rlhf.dev"], "resources": ["rlhfjobs"], "resourceNames": ["tiny"], "verbs": ["get"]},
+        {"apiGroups": ["rlhf.dev"], "resources": ["rlhfjobs/status"], "resourceNames": ["tiny"], "verbs": ["patch"]},
+    ]
+    binding = render.role_binding(job)
+    assert binding["roleRef"]["name"] == render.role(job)["metadata"]["name"] == "tiny-trainer"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tiny-trainer", "namespace": NAMESPACE}]
+
+
+def test_ray_job_maps_the_lifecycle_fields():
+    spec = render.ray_job(as_job(tiny(suspend=True, activeDeadlineSeconds=3600, backoffLimit=2,
+                                      ttlSecondsAfterFinished=60)))["spec"]
+    assert spec["entrypoint"] == "rlhf run /etc/rlhf/job.yaml"
+    assert spec["submissionMode"] == "K8sJobMode"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert (spec["suspend"], spec["activeDeadlineSeconds"], spec["backoffLimit"], spec["ttlSecondsAfterFinished"]) \
+        == (True, 3600, 2, 60)
+    plain = render.ray_job(as_job(tiny()))["spec"]
+    assert plain["suspend"] is False and "activeDeadlineSeconds" not in plain and plain["ttlSecondsAfterFinished"] == 0
+
+
+def test_cluster_ttl_is_capped_so_idle_gpus_are_released():
+    spec = render.ray_job(as_job(tiny(ttlSecondsAfterFinished=86400)))["spec"]
+    assert spec["ttlSecondsAfterFinished"] == 300
+
+
+def test_queued_job_is_created_suspended_with_the_kueue_label():
+    ray_job = render.ray_job(as_job(tiny(queueName="team-a")))
+    assert ray_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert ray_job["spec"]["suspend"] is True
+    assert "kueue.x-k8s.io/queue-name" not in render.ray_job(as_job(tiny()))["metadata"]["labels"]
+
+
+def test_head_is_a_cpu_node_running_the_trainer_as_the_job_service_account():
+    head, _ = head_and_worker(render.ray_job(as_job(load_example("ppo-job.yaml"))))
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    pod = head["template"]["spec"]
+    assert pod["serviceAccountName"] == "ppo-llama3-8b-trainer"
+    assert "tolerations" not in pod and "affinity" not in pod and "nodeSelector" not in pod
+    limits = container(head)["resources"]["limits"]
+    assert limits == {"cpu": "4", "memory": "16Gi"}
+    assert env(head)["RLHF_JOB_NAME"] == "ppo-llama3-8b"
+    assert env(head)["RLHF_JOB_NAMESPACE"] == NAMESPACE
+    assert env(head)["RLHF_METRICS_PORT"] == "9400"
+    assert {"name": "metrics", "containerPort": 9400} in container(head)["ports"]
+
+
+def test_config_is_mounted_at_the_contract_path_in_head_and_workers():
+    head, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 1}))))
+    for group in (head, worker):
+        mount = mounts(group)[f"{api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}"]
+        assert mount["subPath"] == api.JOB_CONFIG_FILE and mount["readOnly"] is True
+        assert volumes(group)[mount["name"]]["configMap"]["name"] == "tiny-config"
+
+
+def test_gpu_workers_get_gpus_product_affinity_and_tolerate_gpu_taints():
+    _, worker = head_and_worker(render.ray_job(as_job(load_example("rloo-job.yaml"))))
+    assert (worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (1, 1, 1)
+    assert container(worker)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container(worker)["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    pod = worker["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}]
+
+
+def test_user_scheduling_constraints_are_merged_not_replaced():
+    user_term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    other_term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}
+    anti = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    doc = tiny(resources={
+        "gpusPerNode": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3", "nodeSelector": {"pool": "train"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        "affinity": {**anti, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [user_term, other_term]}}},
+    })
+    _, worker = head_and_worker(render.ray_job(as_job(doc)))
+    pod = worker["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "train"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+    ]
+    assert pod["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
+    product = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # Terms are ORed: the product must be required in each of them.
+    assert terms == [{"matchExpressions": [*t["matchExpressions"], product]} for t in (user_term, other_term)]
+
+
+def test_cpu_workers_have_no_gpu_scheduling():
+    _, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 0}))))
+    pod = worker["template"]["spec"]
+    assert worker["groupName"] == "cpu-workers"
+    assert "nvidia.com/gpu" not in container(worker)["resources"]["limits"]
+    assert "tolerations" not in pod and "affinity" not in pod
+
+
+def test_dev_shm_is_memory_backed_with_the_size_limit_everywhere():
+    head, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"shmSize": "32Gi"}))))
+    for group in (head, worker):
+        volume = volumes(group)[mounts(group)["/dev/shm"]["name"]]
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+
+
+def test_rdma_adds_the_resource_ipc_lock_and_nccl_settings_to_workers():
+    doc = tiny(resources={"gpusPerNode": 8, "rdma": {
+        "resourceName": "rdma/rdma_shared_device_a", "resourceCount": 2, "hca": "mlx5_0,mlx5_1",
+        "socketIfname": "net1", "gdrLevel": "SYS", "gidIndex": 3, "ncclDebug": "INFO"}})
+    head, worker = head_and_worker(render.ray_job(as_job(doc)))
+    assert container(worker)["resources"]["limits"]["rdma/rdma_shared_device_a"] == "2"
+    assert container(worker)["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    assert {k: v for k, v in env(worker).items() if k.startswith("NCCL_")} == {
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "net1", "NCCL_NET_GDR_LEVEL": "SYS",
+        "NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "INFO"}
+    assert not any(k.startswith("NCCL_") for k in env(head))
+    plain_worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8}))))[1]
+    assert "capabilities" not in container(plain_worker)["securityContext"]
+    assert not any(k.startswith("NCCL_") for k in env(plain_worker))
+    assert not any(k.startswith("rdma/") for k in container(plain_worker)["resources"]["limits"])
+
+
+def test_image_pull_secrets_env_and_env_from_pass_through_by_reference():
+    secret_ref = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    doc = tiny(resources={
+        "image": "registry.example/trainer:1", "imagePullPolicy": "Always", "imagePullSecrets": ["regcred"],
+        "priorityClassName": "training",
+        "env": [{"name": "HF_TOKEN", "valueFrom": secret_ref}, {"name": "NCCL_DEBUG", "value": "TRACE"}],
+        "envFrom": [{"secretRef": {"name": "wandb"}}, {"configMapRef": {"name": "settings"}}],
+        "rdma": {}, "gpusPerNode": 8,
+    })
+    for group in head_and_worker(render.ray_job(as_job(doc))):
+        c = container(group)
+        assert (c["image"], c["imagePullPolicy"]) == ("registry.example/trainer:1", "Always")
+        assert group["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+        assert group["template"]["spec"]["priorityClassName"] == "training"
+        assert env(group)["HF_TOKEN"] == secret_ref
+        assert c["envFrom"] == [{"secretRef": {"name": "wandb"}}, {"configMapRef": {"name": "settings"}}]
+    worker_env = container(head_and_worker(render.ray_job(as_job(doc)))[1])["env"]
+    # The user's NCCL_DEBUG replaces ours instead of duplicating it.
+    assert [var["value"] for var in worker_env if var["name"] == "NCCL_DEBUG"] == ["TRACE"]
+
+
+def test_reward_function_config_maps_and_http_tokens():
+    doc = tiny(algorithm="grpo", data={"prompts": {"sources": [{"path": "org/prompts"}]}},
+               rollout={"samplesPerPrompt": 4}, training={"rolloutBatchSize": 32, "trainBatchSize": 128})
+    doc["spec"]["reward"] = {"sources": [
+        {"name": "math-check", "type": "function", "function": {"entrypoint": "m.py:score", "configMap": "math-reward"}},
+        {"name": "builtin", "type": "function", "function": {"entrypoint": "pkg.mod:score"}},
+        {"name": "judge-api", "type": "http", "http": {"url": "https://judge.example/score",
+                                                      "authSecretRef": {"name": "judge", "key": "token"}}},
+    ]}
+    head, worker = head_and_worker(render.ray_job(as_job(doc)))
+    mount = mounts(head)[f"{api.REWARD_FUNCTIONS_DIR}/math-check"]
+    assert volumes(head)[mount["name"]]["configMap"] == {"name": "math-reward"}
+    assert len([m for m in mounts(head) if m.startswith(api.REWARD_FUNCTIONS_DIR)]) == 1
+    for group in (head, worker):
+        # By reference: the pods read the Secret, the operator never does.
+        assert env(group)["RLHF_REWARD_JUDGE_API_TOKEN"] == {"secretKeyRef": {"name": "judge", "key": "token"}}
+
+
+def test_models_and_checkpoints_on_volumes():
+    doc = tiny(checkpoint={"pvc": "ckpt", "path": "/ckpt/run-1"})
+    doc["spec"]["models"]["actor"]["pvc"] = {"claimName": "models", "subPath": "llama"}
+    head, worker = head_and_worker(render.ray_job(as_job(doc)))
+    for group in (head, worker):
+        actor = mounts(group)["/mnt/models/actor"]
+        assert actor["readOnly"] is True and actor["subPath"] == "llama"
+        assert volumes(group)[actor["name"]]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+        checkpoint = mounts(group)["/ckpt/run-1"]
+        assert "readOnly" not in checkpoint
+        assert volumes(group)[checkpoint["name"]]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+
+
+def test_long_job_names_give_valid_ray_job_names():
+    doc = tiny()
+    doc["metadata"]["name"] = "a" * 60 + ".v2"
+    ray_job = render.ray_job(as_job(doc))
+    assert len(ray_job["metadata"]["name"]) <= names.RAY_JOB_NAME_MAX
+    assert len(ray_job["metadata"]["labels"][names.JOB_LABEL]) <= names.LABEL_VALUE_MAX

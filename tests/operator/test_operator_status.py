@@ -1,0 +1,161 @@
+"""The status state machine: KubeRay's RayJob status -> phase, conditions, times, events."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhf_operator import status
+
+T0, T1, T2 = "2026-11-22T10:00:00Z", "2026-11-22T10:05:00Z", "2026-11-22T11:00:00Z"
+
+
+def ray_job(deployment: str = "", job_status: str = "", *, suspend: bool = False, **extra) -> dict:
+    body = {"metadata": {"name": "ppo"}, "spec": {"suspend": suspend, "backoffLimit": 2},
+            "status": {"jobDeploymentStatus": deployment, "jobStatus": job_status, **extra}}
+    if not deployment and not job_status and not extra:
+        del body["status"]  # as KubeRay's RayJob looks before its first reconcile
+    return body
+
+
+@pytest.mark.parametrize("deployment, job_status, suspend, phase, reason", [
+    ("", "", False, "Pending", "RayJobCreated"),
+    ("Initializing", "", False, "Provisioning", "StartingRayCluster"),
+    ("Waiting", "", False, "Provisioning", "WaitingForSubmission"),
+    ("Running", "", False, "Provisioning", "SubmittingJob"),
+    ("Running", "PENDING", False, "Provisioning", "SubmittingJob"),
+    ("Running", "RUNNING", False, "Running", "Training"),
+    ("Running", "SUCCEEDED", False, "Running", "Finishing"),
+    ("Complete", "SUCCEEDED", False, "Succeeded", "Completed"),
+    ("Complete", "STOPPED", False, "Failed", "Stopped"),
+    ("Failed", "FAILED", False, "Failed", "AppFailed"),
+    ("ValidationFailed", "", False, "Failed", "RayJobInvalid"),
+    ("Retrying", "FAILED", False, "Provisioning", "Retrying"),
+    ("Suspending", "RUNNING", False, "Suspended", "Suspending"),
+    ("Suspended", "", False, "Pending", "Resuming"),
+    ("", "", True, "Suspended", "Suspending"),
+    ("Running", "RUNNING", True, "Suspended", "Suspending"),
+    ("Suspended", "", True, "Suspended", "Suspended"),
+    ("Complete", "SUCCEEDED", True, "Succeeded", "Completed"),  # finished wins over suspend
+    ("SomethingNew", "", False, "Provisioning", "UnknownRayJobState"),
+])
+def test_phase_mapping(deployment, job_status, suspend, phase, reason):
+    extra = {"reason": "AppFailed"} if deployment == "Failed" else {}
+    observed = status.observe(ray_job(deployment, job_status, suspend=suspend, **extra), suspend=suspend, queue_name=None)
+    assert (observed.phase, observed.reason) == (phase, reason)
+    assert observed.message
+
+
+def test_failure_carries_kuberay_reason_and_message():
+    failed = ray_job("Failed", "FAILED", reason="DeadlineExceeded",
+                     message="The RayJob has passed the activeDeadlineSeconds.")
+    observed = status.observe(failed, suspend=False, queue_name=None)
+    assert observed.reason == "DeadlineExceeded"
+    assert observed.message == "Training failed: The RayJob has passed the activeDeadlineSeconds."
+    bare = status.observe(ray_job("Failed", "FAILED"), suspend=False, queue_name=None)
+    assert bare.reason == "RayJobFailed" and "RayJob ppo" in bare.message
+
+
+def test_queued_job_waits_for_kueue():
+    observed = status.observe(ray_job("Suspended", suspend=True), suspend=False, queue_name="team-a")
+    assert (observed.phase, observed.reason) == ("Suspended", "Queued")
+    assert "team-a" in observed.message
+
+
+def test_names_and_dashboard_are_mirrored():
+    observed = status.observe(ray_job("Running", "RUNNING", rayClusterName="ppo-abcde",
+                                      dashboardURL="ppo-head-svc.ns.svc.cluster.local:8265"),
+                              suspend=False, queue_name=None)
+    desired = status.next_status({}, observed, T0, 1)
+    assert desired["rayJobName"] == "ppo"
+    assert desired["rayClusterName"] == "ppo-abcde"
+    assert desired["dashboardURL"] == "ppo-head-svc.ns.svc.cluster.local:8265"
+    assert "ppo-abcde" in desired["message"]
+
+
+def conditions(desired: dict) -> dict:
+    return {c["type"]: c for c in desired["conditions"]}
+
+
+def walk(*steps: tuple[dict, str], generation: int = 1) -> list[dict]:
+    """Feed RayJob states through the machine as the operator does; the status after each step."""
+    current: dict = {}
+    seen = []
+    for body, now in steps:
+        observed = status.observe(body, suspend=body["spec"]["suspend"], queue_name=None)
+        current = {**current, **status.changes(current, status.next_status(current, observed, now, generation))}
+        seen.append(current)
+    return seen
+
+
+def test_conditions_follow_the_phase_and_keep_their_transition_time():
+    pending, provisioning, running, running_later, done = walk(
+        (ray_job(), T0),
+        (ray_job("Initializing"), T0),
+        (ray_job("Running", "RUNNING"), T1),
+        (ray_job("Running", "RUNNING", message="still going"), T2),
+        (ray_job("Complete", "SUCCEEDED"), T2),
+    )
+    assert {t: c["status"] for t, c in conditions(pending).items()} == {
+        "Ready": "False", "Running": "False", "Succeeded": "False", "Failed": "False", "Suspended": "False"}
+    assert conditions(running)["Running"] == {
+        "type": "Running", "status": "True", "reason": "Training", "message": running["message"],
+        "lastTransitionTime": T1, "observedGeneration": 1}
+    assert conditions(running)["Ready"]["status"] == "True"
+    assert conditions(running)["Failed"]["lastTransitionTime"] == T0  # never flipped
+    assert conditions(running_later)["Running"]["lastTransitionTime"] == T1
+    assert {t for t, c in conditions(done).items() if c["status"] == "True"} == {"Ready", "Succeeded"}
+    assert conditions(done)["Running"]["lastTransitionTime"] == T2
+
+
+def test_start_and_completion_times():
+    pending, provisioning, running, done = walk(
+        (ray_job(), T0),
+        (ray_job("Initializing", startTime=T0), T1),
+        (ray_job("Running", "RUNNING", startTime=T0), T1),
+        (ray_job("Complete", "SUCCEEDED", startTime=T0, endTime=T2), T2),
+    )
+    assert pending.get("startTime") is None and pending.get("completionTime") is None
+    assert provisioning["startTime"] == running["startTime"] == done["startTime"] == T0
+    assert running.get("completionTime") is None
+    assert done["completionTime"] == T2
+
+
+def test_a_job_that_never_ran_gets_no_start_time():
+    desired = status.next_status({}, status.Observation("Failed", "TooManyGPUsPerNode", "fix it"), T1, 3)
+    assert desired["startTime"] is None
+    assert desired["completionTime"] == T1
+    assert desired["observedGeneration"] == 3
+    assert desired["rayJobName"] is None
+
+
+def test_finished_jobs_are_final():
+    [done] = walk((ray_job("Complete", "SUCCEEDED"), T1))
+    later = status.observe(ray_job("Failed", "FAILED"), suspend=False, queue_name=None)
+    assert status.changes(done, status.next_status(done, later, T2, 2)) == {}
+
+
+def test_only_operator_fields_are_ever_written():
+    trainer_wrote = {"progress": {"step": 5, "totalSteps": 10}, "metrics": {"rewardMean": 0.5},
+                     "lastCheckpoint": {"step": 5, "path": "/c/5", "time": T0}}
+    observed = status.observe(ray_job("Running", "RUNNING"), suspend=False, queue_name=None)
+    patch = status.changes(trainer_wrote, status.next_status(trainer_wrote, observed, T1, 1))
+    assert set(patch) <= set(status.OWNED_FIELDS)
+    assert not {"progress", "metrics", "lastCheckpoint"} & set(patch)
+
+
+def test_events_on_transitions_only():
+    pending, running, running_again, failed = walk(
+        (ray_job(), T0), (ray_job("Running", "RUNNING"), T1), (ray_job("Running", "RUNNING"), T2),
+        (ray_job("Failed", "FAILED", reason="AppFailed", message="exit code 1"), T2))
+    assert status.transition({}, pending).reason == "RayJobCreated"
+    assert status.transition(pending, running) == status.Transition("Normal", "Training", running["message"])
+    assert status.transition(running, running_again) is None
+    assert status.transition(running_again, failed) == status.Transition(
+        "Warning", "AppFailed", "Training failed: exit code 1")
+
+
+def test_generation_is_kept_when_not_given():
+    observed = status.observe(ray_job("Running", "RUNNING"), suspend=False, queue_name=None)
+    desired = status.next_status({"observedGeneration": 4}, observed, T0, None)
+    assert desired["observedGeneration"] == 4
+    assert all(c["observedGeneration"] == 4 for c in desired["conditions"])
