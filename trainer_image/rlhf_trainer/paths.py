@@ -1,0 +1,26 @@
+"""How paths in a job file are read: the one rule for model, dataset and reward-function paths."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# org/name as on the Hugging Face hub (also matches a two-part relative path; see resolve).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def local_path(path: str, base_dir: Path) -> Path:
+    """A file path from a job file: relative to base_dir (the job file's directory), absolute kept."""
+    return Path(base_dir) / path  # an absolute path replaces base_dir
+
+
+def resolve(path: str, base_dir: Path) -> str:
+    """Where a model or dataset path from a job file points.
+
+    Like local_path, except that a Hugging Face id (org/name) is kept unchanged unless
+    base_dir/org/name exists: a local folder wins over the hub.
+    """
+    local = local_path(path, base_dir)
+    if _HUB_ID.match(path) and not local.exists():
+        return path
+    return str(local)
