@@ -47,6 +47,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from rlhf_trainer.tiny import build_tiny_model  # the trainer stack (torch, transformers) only when asked
+
+    print(build_tiny_model(args.dir, kind=args.kind, seed=args.seed))
+    return 0
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .runner import run
 
@@ -65,6 +72,14 @@ def parser() -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
+
+    tiny = commands.add_parser(
+        "tiny-model", help="write a tiny random Qwen2 model and its tokenizer to DIR (offline; tests, CPU examples)")
+    tiny.add_argument("dir", metavar="DIR", help="output directory")
+    tiny.add_argument("--kind", choices=["causal-lm", "reward"], default="causal-lm",
+                      help="causal-lm (actor/reference) or reward (one-label classifier: reward model, critic)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed (%(default)s)")
+    tiny.set_defaults(func=cmd_tiny_model)
 
     operator = commands.add_parser(
         "operator", help="run the operator: reconcile RLHFJobs into KubeRay RayJobs (kopf)",
