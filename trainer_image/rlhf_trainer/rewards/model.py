@@ -25,7 +25,7 @@ class RewardModelScorer:
         self, model_path: str, tokenizer_path: str | None = None, dtype: str | torch.dtype = "float32",
         *, batch_size: int = 8, device: str | None = None, revision: str | None = None,
     ):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # only when a model source exists
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.batch_size = batch_size
