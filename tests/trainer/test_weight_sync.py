@@ -28,8 +28,19 @@ def _hf_greedy(model_dir, prompt_ids: list[list[int]]) -> list[list[int]]:
     return outputs
 
 
-def _vllm_greedy(engine, prompt_ids: list[list[int]]) -> list[list[int]]:
-    return [completions[0].token_ids for completions in ray.get(engine.generate.remote(prompt_ids, GREEDY))]
+def _hf_log_probs(model_dir, prompt_ids: list[list[int]], outputs: list[list[int]]) -> list[torch.Tensor]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    log_probs = []
+    for ids, output in zip(prompt_ids, outputs):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + output])).logits[0, len(ids) - 1:-1]
+        log_probs.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(output)[:, None])[:, 0])
+    return log_probs
+
+
+def _vllm_greedy(engine, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    completions, _ = ray.get(engine.generate.remote(prompt_ids, GREEDY))
+    return [s[0].token_ids for s in completions], [torch.tensor(s[0].log_probs) for s in completions]
 
 
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -46,11 +57,11 @@ def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
     actor = ModelGroup("actor", group, placement)
     training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
                             train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
-    actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=ModelSpec(path=str(tiny_model), dtype="float32"),
-                            training=training, optimizer_steps=2))
+    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=ModelSpec(path=str(tiny_model), dtype="float32"),
+                            training=training, optimizer_steps=2)))
     [engine] = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
                                       max_model_len=256, seed=0)
-    before = _vllm_greedy(engine, prompt_ids)
+    before, _ = _vllm_greedy(engine, prompt_ids)
     assert before == _hf_greedy(tiny_model, prompt_ids)
 
     # One large update with negative advantages on the tokens the greedy decode chose, so that the
@@ -66,10 +77,15 @@ def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
         action_log_probs=actor.forward(sequences, attention_mask, actions)[[0, 1, 2, 0]],
         advantages=-torch.ones(4, actions),
     )
-    actor.train(experience, train_batch_size=4, micro_batch_size=2, epochs=1, generator=torch.Generator().manual_seed(0))
+    ray.get(actor.train(experience, train_batch_size=4, micro_batch_size=2, epochs=1,
+                        generator=torch.Generator().manual_seed(0)))
 
     sync_weights(actor, [engine], dtype="float32", use_gpu=False)
     ray.get(actor.call("save_pretrained", str(tmp_path / "updated")))
-    after = _vllm_greedy(engine, prompt_ids)
+    after, log_probs = _vllm_greedy(engine, prompt_ids)
     assert after != before, "the update should change the greedy output (else this test proves nothing)"
     assert after == _hf_greedy(tmp_path / "updated", prompt_ids)
+    # Equal greedy tokens can hide a partly stale model (e.g. old output embeddings): the
+    # log-probs must agree too.
+    for engine_log_probs, hf_log_probs in zip(log_probs, _hf_log_probs(tmp_path / "updated", prompt_ids, after)):
+        torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)

@@ -8,7 +8,7 @@ import torch
 
 from rlhf_operator.api.v1alpha1 import ModelSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group
+from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
 from rlhf_trainer.workers.model_worker import ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -35,8 +35,8 @@ def _actor_group(model_path, ranks: int) -> ModelGroup:
         zero_stage=3, bf16=False, learning_rate=1e-3, lr_warmup_ratio=0, lr_scheduler="constant",
         train_batch_size=8, micro_train_batch_size=2, micro_rollout_batch_size=2,
     )
-    group.setup(ModelConfig(role="actor", path=str(model_path), model=ModelSpec(path=str(model_path), dtype="float32"),
-                            training=training, optimizer_steps=4))
+    ray.get(group.setup(ModelConfig(role="actor", path=str(model_path), model=ModelSpec(path=str(model_path), dtype="float32"),
+                            training=training, optimizer_steps=4)))
     return group
 
 
@@ -47,8 +47,8 @@ def test_two_rank_zero3_group_matches_one_rank(tiny_model, local_ray):
         group = _actor_group(tiny_model, ranks)
         before = ray.get(group.call("checksums"))
         log_probs = group.forward(experience.sequences, experience.attention_mask, experience.num_actions)
-        metrics = group.train(experience, train_batch_size=8, micro_batch_size=2, epochs=2,
-                              generator=torch.Generator().manual_seed(0))
+        metrics = mean_metrics(group.train(experience, train_batch_size=8, micro_batch_size=2, epochs=2,
+                              generator=torch.Generator().manual_seed(0)))
         after = ray.get(group.call("checksums"))
         results[ranks] = (before, log_probs, metrics, after)
         for worker in group.workers:

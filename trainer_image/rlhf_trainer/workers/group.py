@@ -147,9 +147,10 @@ class ModelGroup:
     def size(self) -> int:
         return len(self.workers)
 
-    def setup(self, cfg: ModelConfig) -> None:
+    def setup(self, cfg: ModelConfig) -> list[ray.ObjectRef]:
+        """Load the model on every rank (wait on the returned refs)."""
         master_addr, master_port = ray.get(self.workers[0].master_address.remote())
-        ray.get([w.setup.remote(cfg, master_addr, master_port) for w in self.workers])
+        return [w.setup.remote(cfg, master_addr, master_port) for w in self.workers]
 
     def call(self, method: str, *args) -> list[ray.ObjectRef]:
         """The same call on every rank (collectives need them all); one ObjectRef per rank."""
@@ -171,15 +172,17 @@ class ModelGroup:
         ])
         return torch.cat(outputs)[: sequences.shape[0] - pad]
 
-    def score(self, texts: list[str]) -> Tensor:
-        """Reward-model scores [B], the texts split over the ranks."""
-        shards, pad = self._shards(len(texts))
-        texts = texts + texts[-1:] * pad
-        return torch.cat(ray.get([w.score.remote(texts[s]) for w, s in zip(self.workers, shards)]))[: len(texts) - pad]
+    def score(self, prompts: list[str], completions: list[str]) -> Tensor:
+        """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer)."""
+        shards, pad = self._shards(len(prompts))
+        prompts, completions = prompts + prompts[-1:] * pad, completions + completions[-1:] * pad
+        scores = ray.get([w.score.remote(prompts[s], completions[s]) for w, s in zip(self.workers, shards)])
+        return torch.cat(scores)[: len(prompts) - pad]
 
     def train(self, experience: Experience, *, train_batch_size: int, micro_batch_size: int, epochs: int,
-              generator: torch.Generator) -> dict[str, float]:
-        """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly over the ranks."""
+              generator: torch.Generator) -> list[ray.ObjectRef]:
+        """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly
+        over the ranks. Returns each rank's metrics (see mean_metrics), so groups can train at once."""
         per_rank: list[list[Experience]] = [[] for _ in self.workers]
         for _ in range(epochs):
             order = torch.randperm(experience.batch_size, generator=generator)
@@ -187,8 +190,12 @@ class ModelGroup:
                 step_rows = order[start:start + train_batch_size]
                 for rank, rows in enumerate(step_rows.chunk(self.size)):
                     per_rank[rank] += experience.select(rows).split(micro_batch_size)
-        results = ray.get([w.train.remote(batches) for w, batches in zip(self.workers, per_rank)])
-        return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+        return [w.train.remote(batches) for w, batches in zip(self.workers, per_rank)]
+
+
+def mean_metrics(refs: list[ray.ObjectRef]) -> dict[str, float]:
+    results = ray.get(refs)
+    return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
 
 
 def create_rollout_engines(group: PlacementGroup, placement: Placement, model_path: str, **engine_options) -> list:

@@ -169,14 +169,21 @@ class ModelWorker:
         return torch.cat(outputs)
 
     @torch.no_grad()
-    def score(self, texts: list[str]) -> Tensor:
-        """Reward model: one score per text [B], read at its last token."""
+    def score(self, prompts: list[str], completions: list[str]) -> Tensor:
+        """Reward model: one score per prompt + completion [B], read at the last token.
+
+        The text is the one rewards.model.RewardModelScorer scores: ending with eos, as the
+        sequences reward models learn on do, and truncated from the left to the model's context.
+        """
+        texts = [prompt + completion + self.tokenizer.eos_token for prompt, completion in zip(prompts, completions)]
+        self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"
         micro = self.cfg.training.micro_rollout_batch_size
-        self.tokenizer.padding_side = "right"
         scores = []
         for start in range(0, len(texts), micro):
-            batch = self.tokenizer(texts[start:start + micro], return_tensors="pt", padding=True, add_special_tokens=False)
-            batch = batch.to(self.engine.device)
+            batch = self.tokenizer(
+                texts[start:start + micro], return_tensors="pt", padding=True, truncation=True,
+                max_length=self.engine.module.classifier.config.max_position_embeddings, add_special_tokens=False,
+            ).to(self.engine.device)
             rewards = self.engine(batch.input_ids, batch.attention_mask)  # [b, S]
             last = batch.attention_mask.sum(-1) - 1
             scores.append(rewards.gather(1, last.unsqueeze(1)).squeeze(1).cpu())

@@ -7,6 +7,7 @@ in (weight_sync.WeightSyncExtension; untested, no GPUs on the development machin
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -51,13 +52,14 @@ class RolloutEngine:
             options.update(enforce_eager=True)  # no CUDA graphs on CPU
         self.llm = LLM(**options)
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> list[list[Completion]]:
-        """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields)."""
+    def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> tuple[list[list[Completion]], float]:
+        """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields), and the seconds it took."""
         from vllm import SamplingParams
 
+        started = time.perf_counter()
         params = SamplingParams(logprobs=0, **sampling)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
-        return [
+        completions = [
             [
                 Completion(
                     token_ids=list(sample.token_ids),
@@ -68,10 +70,13 @@ class RolloutEngine:
             ]
             for output in outputs
         ]
+        return completions, time.perf_counter() - started
 
     def load_weights(self, weights: dict[str, Tensor]) -> None:
         """CPU weight sync: reload in place, then forget KV blocks computed with the old weights."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+        if "lm_head.weight" not in weights:  # tied to the embedding
+            self.llm.collective_rpc(_repack_lm_head)
         self.llm.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:
@@ -83,3 +88,11 @@ class RolloutEngine:
 
     def receive_weight(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
         self.llm.collective_rpc("receive_weight", args=(name, dtype, shape))
+
+
+def _repack_lm_head(worker) -> None:
+    """vLLM on CPU multiplies by a packed copy of each weight, made when its layer is loaded.
+    reload_weights repacks the layers it loads, but a tied lm_head loads nothing (its weight is
+    the embedding's) and would keep computing logits with the old embedding."""
+    head = worker.get_model().lm_head
+    head.quant_method.process_weights_after_loading(head)
