@@ -1,0 +1,1 @@
+"""Local Kubernetes control plane (built from upstream Go modules) and end-to-end tests."""

@@ -1,0 +1,176 @@
+"""pytest fixtures for tests on the real local control plane (register with
+``pytest_plugins = ["e2e.fixtures"]`` in the root conftest.py).
+
+- ``control_plane`` (session): etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+  with the repo's crds/ and KubeRay's CRDs installed. Builds missing binaries first.
+- ``kwok_nodes`` (session): starts kwok on that control plane and creates the fake GPU/CPU
+  nodes of e2e/kwok/nodes.yaml; returns their names.
+- ``kuberay_operator`` (session): starts the real KubeRay operator (and kwok, so its pods run).
+- ``kube_api``: typed clients (core, apps, batch, rbac, custom objects, apiextensions).
+- ``kubeconfig``: the kubeconfig path, also exported as KUBECONFIG for the session.
+- ``namespace``: a fresh namespace per test (with its default ServiceAccount), deleted after.
+
+Environment: RLHF_CACHE (where binaries and run dirs live), RLHF_E2E_KEEP=1 keeps the
+run dir (logs, etcd data) even when every test passed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
+
+_STARTED: list[ControlPlane] = []
+
+
+@dataclass
+class KubeAPI:
+    """Clients sharing one ApiClient configured for the test control plane."""
+
+    api_client: object
+    core: object
+    apps: object
+    batch: object
+    rbac: object
+    custom: object
+    apiextensions: object
+
+
+def _failed(session: pytest.Session) -> bool:
+    return bool(session.testsfailed) or os.environ.get("RLHF_E2E_KEEP") == "1"
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    cp = ControlPlane(controller_manager=True, scheduler=True, kwok=False, kuberay=False)
+    cp.start()
+    _STARTED.append(cp)
+    try:
+        yield cp
+    finally:
+        keep = _failed(request.session)
+        if keep:
+            cp.dump_logs(lines=20)
+        cp.stop(keep_state=keep)
+
+
+@pytest.fixture(scope="session")
+def kwok_nodes(control_plane: ControlPlane) -> list[str]:
+    """Names of the fake nodes (two tainted GPU nodes, one CPU node), all Ready."""
+    return control_plane.start_kwok()
+
+
+@pytest.fixture(scope="session")
+def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> ControlPlane:
+    control_plane.start_kuberay()
+    return control_plane
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> Iterator[str]:
+    path = str(control_plane.kubeconfig)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", path)
+        yield path
+
+
+@pytest.fixture(scope="session")
+def kube_api(control_plane: ControlPlane) -> Iterator[KubeAPI]:
+    from kubernetes import client
+
+    api_client = control_plane.api_client()
+    try:
+        yield KubeAPI(
+            api_client=api_client,
+            core=client.CoreV1Api(api_client),
+            apps=client.AppsV1Api(api_client),
+            batch=client.BatchV1Api(api_client),
+            rbac=client.RbacAuthorizationV1Api(api_client),
+            custom=client.CustomObjectsApi(api_client),
+            apiextensions=client.ApiextensionsV1Api(api_client),
+        )
+    finally:
+        api_client.close()
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
+    """Poll cond() until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+        interval = min(interval * 1.5, 1.0)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def namespace(kube_api: KubeAPI, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (so pods can be created)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{base}-{uuid.uuid4().hex[:6]}"
+    kube_api.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"rlhf.dev/e2e": "true"})))
+
+    def has_default_sa() -> bool:
+        try:
+            kube_api.core.read_namespaced_service_account("default", name)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    wait_for(has_default_sa, 30, f"ServiceAccount {name}/default")
+    yield name
+    try:
+        kube_api.core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    # The namespace itself may linger (finalizers of other controllers); its pods must not,
+    # or they would hold fake GPUs that the next test schedules onto.
+    try:
+        wait_for(lambda: not kube_api.core.list_namespaced_pod(name).items, 30,
+                 f"pods of namespace {name} to be deleted")
+    except AssertionError as e:
+        warnings.warn(str(e), stacklevel=1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build missing control-plane binaries before any test runs: a first build takes many
+    minutes and must not count against a test's timeout."""
+    if session.config.option.collectonly:
+        return
+    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(msg: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[e2e build] {msg}")
+
+    Binaries.default().ensure(BUILD_TARGETS, log)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Report how long the control plane took to come up (measured, never asserted)."""
+    for cp in _STARTED:
+        t = cp.timings
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in t.items() if k != "start_total")
+        terminalreporter.write_line(
+            f"control plane (Kubernetes {cp.versions['KUBERNETES_VERSION']}, etcd "
+            f"{cp.versions['ETCD_VERSION']}): start {t.get('start_total', 0):.2f}s [{parts}]")
