@@ -54,6 +54,12 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from rlhf_trainer.run import run  # the trainer stack only when asked
+
+    return run(args.file, output_dir=args.output_dir, address=args.address, num_cpus=args.num_cpus)
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .runner import run
 
@@ -92,6 +98,15 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port, /healthz (%(default)s)")
     operator.add_argument("--verbose", action="store_true", help="log every handler run")
     operator.set_defaults(func=cmd_operator)
+
+    run = commands.add_parser(
+        "run", help="run an RLHFJob on Ray: a private local instance (CPU or local GPUs), or the cluster in RAY_ADDRESS",
+        description="Exit status 0 when the run finished, 1 when it failed, 2 when the job file is invalid.")
+    run.add_argument("file", metavar="FILE", help="RLHFJob YAML file; relative paths in it are relative to it")
+    run.add_argument("--output-dir", help="metrics.jsonl, tensorboard/, and relative checkpoint paths (default: runs/<job name>)")
+    run.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance)")
+    run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
+    run.set_defaults(func=cmd_run)
     return root
 
 

@@ -13,6 +13,7 @@ sharded parameters collectively); `ModelGroup` guarantees it by giving ranks equ
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,8 @@ class ModelWorker:
         from transformers.integrations import HfDeepSpeedConfig
 
         self.cfg = cfg
+        # DeepSpeed calls a torch.distributed function torch deprecated, once per step.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         torch.manual_seed(cfg.training.seed)
         init_distributed(self.rank, self.world_size, master_addr, master_port, use_gpu=cfg.use_gpu)
         ds_config = deepspeed_config(cfg, self.world_size)

@@ -1,0 +1,62 @@
+"""Checkpoints of a run: `<root>/step-<N>/` holding a DeepSpeed checkpoint per trained model group
+(`actor/`, `critic/`: weights, optimizer and scheduler state) and `trainer_state.json` (the step and
+the prompt loader's position). The state file is written last, so a directory without it is an
+interrupted save and is never resumed from. The newest `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ray
+
+STATE_FILE = "trainer_state.json"
+PREFIX = "step-"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"{PREFIX}{step:08d}"
+
+
+def _complete(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob(f"{PREFIX}*") if (p / STATE_FILE).is_file())
+
+
+def latest(root: Path) -> Path | None:
+    complete = _complete(root)
+    return complete[-1] if complete else None
+
+
+def save(root: Path, step: int, groups: dict, state: dict[str, Any], keep: int) -> Path:
+    """Write the groups' DeepSpeed checkpoints, then the trainer state; drop all but the newest `keep`."""
+    path = step_dir(root, step)
+    if path.exists():
+        shutil.rmtree(path)  # an interrupted save of this very step
+    path.mkdir(parents=True)
+    ray.get([ref for role, group in groups.items() for ref in group.call("save_checkpoint", str(path), role)])
+    temporary = path / f"{STATE_FILE}.tmp"
+    temporary.write_text(json.dumps({"step": step, **state}, indent=2))
+    os.replace(temporary, path / STATE_FILE)
+    _prune(root, keep)
+    return path
+
+
+def load(path: Path, groups: dict) -> dict[str, Any]:
+    """Restore the groups from a checkpoint directory; returns the trainer state (with "step")."""
+    ray.get([ref for role, group in groups.items() for ref in group.call("load_checkpoint", str(path), role)])
+    return json.loads((path / STATE_FILE).read_text())
+
+
+def _prune(root: Path, keep: int) -> None:
+    complete = _complete(root)
+    newest = complete[-1]
+    stale = complete[:-keep] + [p for p in root.glob(f"{PREFIX}*") if p not in complete and p.name < newest.name]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
