@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
+import hashlib
 import json
 import os
 import secrets
@@ -229,6 +230,12 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def _conditions(obj: Any) -> dict[str, str]:
+    """type -> status of an object's status.conditions (tolerates missing/null parts)."""
+    status = (obj or {}).get("status") or {} if isinstance(obj, dict) else {}
+    return {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+
+
 def tail(path: Path, lines: int = 40) -> str:
     try:
         with open(path, "rb") as f:
@@ -303,6 +310,7 @@ class ControlPlane:
         crds: bool = True,
         crd_paths: Iterable[Path] | None = None,
         build: bool = True,
+        seed: bool | None = None,
         die_with_parent: bool = True,
         log: Callable[[str], None] | None = None,
         binaries: Binaries | None = None,
@@ -320,6 +328,10 @@ class ControlPlane:
         self.want_crds = crds
         self.extra_crd_paths = list(crd_paths or [])
         self.build = build
+        # Start etcd from a cached copy that already holds the CRDs (see _etcd_seed).
+        self.use_seed = (os.environ.get("RLHF_E2E_NO_SEED") != "1") if seed is None else seed
+        self.seeded_from: Path | None = None
+        self.crd_names: list[str] = []
         self.die_with_parent = die_with_parent
         self.log = log or (lambda msg: print(f"[controlplane] {msg}", file=sys.stderr, flush=True))
         self.binaries = binaries or Binaries.default()
@@ -390,14 +402,20 @@ class ControlPlane:
             if self.build:
                 self._phase("build", lambda: self.binaries.ensure(self._build_targets(), self.log))
             self._phase("prepare", self._prepare)
-            self._phase("etcd", self._start_etcd)
+            seed = None
+            if self.want_crds and self.use_seed:
+                t = time.monotonic()
+                seed = self._etcd_seed()
+                self.timings["etcd-seed"] = round(time.monotonic() - t, 2)
+            self._phase("etcd", lambda: self._start_etcd(seed))
             self._phase("kube-apiserver", self._start_apiserver)
             if self.want_controller_manager:
                 self._launch_controller_manager()
             if self.want_scheduler:
                 self._launch_scheduler()
             if self.want_crds:
-                self._phase("crds", self.install_all_crds)
+                self._phase("crds", lambda: self._crds_from_seed(seed) if seed
+                            else self.install_all_crds())
             if self.want_controller_manager:
                 self._phase("kube-controller-manager", self._wait_controller_manager)
             if self.want_scheduler:
@@ -462,9 +480,7 @@ class ControlPlane:
         def all_ready() -> bool:
             for name in self.fake_nodes:
                 status, node = self._get_json(f"/api/v1/nodes/{name}")
-                conds = {c["type"]: c["status"] for c in (node or {}).get("status", {}).get(
-                    "conditions", [])} if status == 200 else {}
-                if conds.get("Ready") != "True":
+                if status != 200 or _conditions(node).get("Ready") != "True":
                     return False
             return True
 
@@ -514,13 +530,71 @@ class ControlPlane:
         kept in crd_errors (and logged) so only the tests that need that CRD fail, with the
         API server's message.
         """
-        self.install_crds(self.kuberay_crd_files())
+        self.crd_names += self.install_crds(self.kuberay_crd_files())
         for f in self.repo_crd_files():
             try:
-                self.install_crds([f])
+                self.crd_names += self.install_crds([f])
             except ControlPlaneError as e:
                 self.crd_errors[str(f)] = str(e)
                 self.log(f"CRD {f} was refused by the API server:\n{e}")
+
+    # --- etcd seeds: creating the big KubeRay CRDs costs the API server 10-30 s of CPU on
+    # every start (each new CRD rebuilds the OpenAPI of all of them). Instead, a short-lived
+    # etcd + kube-apiserver installs them once per set of CRD files, and later control planes
+    # start etcd from a copy of that data dir. Cluster-specific state is not in the seed: it
+    # holds no ServiceAccounts, tokens or nodes (no controller-manager ran), and the new API
+    # server rewrites its authentication ConfigMap at start.
+    SEED_FORMAT = "1"
+    SEEDS_KEPT = 4
+
+    def _seed_key(self) -> str:
+        h = hashlib.sha256(f"seed-{self.SEED_FORMAT}".encode())
+        h.update(json.dumps(self.versions, sort_keys=True).encode())
+        for f in [*self.kuberay_crd_files(), *self.repo_crd_files()]:
+            h.update(f"{f.name}\0".encode())
+            h.update(f.read_bytes())
+        return h.hexdigest()[:16]
+
+    def _etcd_seed(self) -> Path:
+        seeds = cache_dir() / "etcd-seeds"
+        seeds.mkdir(parents=True, exist_ok=True)
+        key = self._seed_key()
+        seed = seeds / key
+        if (seed / "crds.json").exists():
+            os.utime(seed)
+            return seed
+        self.log(f"making etcd seed {key} (installs the CRDs once for this set of CRD files)")
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=seeds))
+        seeder = ControlPlane(
+            tmp / "run", controller_manager=False, scheduler=False, kwok=False, kuberay=False,
+            crds=True, build=False, seed=False, crd_paths=self.extra_crd_paths,
+            die_with_parent=self.die_with_parent, log=self.log, binaries=self.binaries)
+        try:
+            seeder.start()
+            seeder.stop(keep_state=True)  # graceful stop: etcd's files are consistent
+            (tmp / "run" / "etcd").rename(tmp / "etcd")
+            (tmp / "crds.json").write_text(json.dumps(
+                {"names": seeder.crd_names, "errors": seeder.crd_errors}, indent=2))
+            shutil.rmtree(tmp / "run")
+            try:
+                tmp.rename(seed)
+            except OSError:  # another session made the same seed meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            seeder.stop(keep_state=True)
+            raise
+        for old in sorted((p for p in seeds.iterdir() if not p.name.startswith(".")),
+                          key=lambda p: p.stat().st_mtime)[:-self.SEEDS_KEPT]:
+            shutil.rmtree(old, ignore_errors=True)
+        return seed
+
+    def _crds_from_seed(self, seed: Path) -> None:
+        info = json.loads((seed / "crds.json").read_text())
+        self.crd_names = list(info["names"])
+        self.crd_errors.update(info["errors"])
+        for f, err in self.crd_errors.items():
+            self.log(f"CRD {f} was refused by the API server:\n{err}")
+        self._wait_established(self.crd_names)
 
     def install_crds(self, files: Sequence[Path]) -> list[str]:
         """Server-side apply CRD files (too big for client-side apply); wait until Established."""
@@ -536,19 +610,19 @@ class ControlPlane:
         for f in files:
             args += ["-f", str(f)]
         self.kubectl(*args)
+        self._wait_established(names)
+        return names
 
+    def _wait_established(self, names: Sequence[str]) -> None:
         def established() -> bool:
             for name in names:
                 status, crd = self._get_json(
                     f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in (crd or {}).get("status", {}).get(
-                    "conditions", [])} if status == 200 else {}
-                if conds.get("Established") != "True":
+                if status != 200 or _conditions(crd).get("Established") != "True":
                     return False
             return True
 
         self._wait(established, 60, f"CRDs Established: {', '.join(names)}")
-        return names
 
     # ----------------------------------------------------------------- internals
     def _build_targets(self) -> list[str]:
@@ -700,8 +774,15 @@ class ControlPlane:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _start_etcd(self) -> None:
+    def _start_etcd(self, seed: Path | None = None) -> None:
         client, peer = self.ports["etcd-client"], self.ports["etcd-peer"]
+        extra = []
+        if seed is not None:
+            shutil.copytree(seed / "etcd", self.state_dir / "etcd")
+            self.seeded_from = seed
+            # A copied data dir remembers the seed's member URLs: start it as a new
+            # one-member cluster on this run's ports.
+            extra.append("--force-new-cluster")
         self._spawn("etcd", [
             str(self.binaries.etcd),
             "--name=rlhf-e2e",
@@ -716,6 +797,7 @@ class ControlPlane:
             "--unsafe-no-fsync",
             "--quota-backend-bytes=4294967296",
             "--log-level=warn",
+            *extra,
         ])
         self._wait(lambda: self._http_ok(f"http://127.0.0.1:{client}/health"), 30, "etcd /health")
 

@@ -194,7 +194,9 @@ def test_pod_without_toleration_stays_off_gpu_nodes(kube_api: KubeAPI, kwok_node
     # Asks for a GPU product but does not tolerate the GPU taint: nowhere to go.
     kube_api.core.create_namespaced_pod(namespace, _pod("no-toleration", gpus=1, product=H100))
     message = _unschedulable_message(kube_api, namespace, "no-toleration")
-    assert "untolerated taint" in message and "nvidia.com/gpu" in message
+    # Both GPU nodes refuse it for the taint, the CPU node for the affinity.
+    assert "2 node(s) had untolerated taint" in message, message
+    assert "1 node(s) didn't match Pod's node affinity/selector" in message, message
     assert kube_api.core.read_namespaced_pod("no-toleration", namespace).spec.node_name is None
 
     # A plain pod (no toleration, no affinity) can only go to the untainted CPU node.

@@ -24,11 +24,24 @@ from e2e.fixtures import KubeAPI
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "rlhf.dev_rlhfjobs.yaml"
-INVALID = sorted((REPO / "tests" / "specs" / "invalid").glob("*.yaml"))
-EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+INVALID = sorted(p for p in (REPO / "tests" / "specs" / "invalid").glob("*.yaml")
+                 if not p.name.startswith("."))
+EXAMPLES = sorted(p for p in (REPO / "manifests" / "examples").glob("*.yaml")
+                  if not p.name.startswith("."))
 GROUP, VERSION, PLURAL = "rlhf.dev", "v1alpha1", "rlhfjobs"
 
 pytestmark = pytest.mark.skipif(not CRD.exists(), reason=f"{CRD.relative_to(REPO)} not there yet")
+
+
+@pytest.fixture(scope="module")
+def rlhfjob_crd(control_plane) -> str:
+    """The RLHFJob CRD as installed by the control plane; fails with the API server's
+    refusal when it did not accept the CRD."""
+    error = control_plane.crd_errors.get(str(CRD))
+    if error:
+        pytest.fail(f"the API server refused {CRD.relative_to(REPO)}:\n{error}", pytrace=False)
+    assert "rlhfjobs.rlhf.dev" in control_plane.crd_names
+    return "rlhfjobs.rlhf.dev"
 
 
 def _server_expectation(path: Path) -> str | None:
@@ -64,7 +77,7 @@ def _contains(stored, sent, path="spec") -> list[str]:
 
 
 @pytest.mark.parametrize("spec_file", INVALID, ids=[p.stem for p in INVALID])
-def test_invalid_rlhfjob_is_refused_by_the_api_server(kube_api: KubeAPI, control_plane,
+def test_invalid_rlhfjob_is_refused_by_the_api_server(kube_api: KubeAPI, rlhfjob_crd: str,
                                                       namespace: str, spec_file: Path) -> None:
     expected = _server_expectation(spec_file)
     if expected is None:
@@ -81,13 +94,17 @@ def test_invalid_rlhfjob_is_refused_by_the_api_server(kube_api: KubeAPI, control
     assert stored["items"] == []
 
 
+def test_the_api_server_accepts_the_rlhfjob_crd(rlhfjob_crd: str) -> None:
+    assert rlhfjob_crd == "rlhfjobs.rlhf.dev"
+
+
 def test_there_are_invalid_specs_to_check() -> None:
     assert INVALID, "tests/specs/invalid/*.yaml is empty"
     assert any(_server_expectation(p) for p in INVALID)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_valid_example_is_stored_as_sent(kube_api: KubeAPI, control_plane, namespace: str,
+def test_valid_example_is_stored_as_sent(kube_api: KubeAPI, rlhfjob_crd: str, namespace: str,
                                          example: Path) -> None:
     for body in _rlhfjobs(example):
         created = _create(kube_api, namespace, body)
@@ -97,7 +114,7 @@ def test_valid_example_is_stored_as_sent(kube_api: KubeAPI, control_plane, names
         assert _contains(stored["spec"], body["spec"]) == []
 
 
-def test_status_subresource_is_separate_from_spec(kube_api: KubeAPI, control_plane,
+def test_status_subresource_is_separate_from_spec(kube_api: KubeAPI, rlhfjob_crd: str,
                                                   namespace: str) -> None:
     assert EXAMPLES, "manifests/examples/*.yaml is empty"
     body = _rlhfjobs(EXAMPLES[0])[0]
