@@ -307,7 +307,9 @@ class PreferenceSpec(APIModel):
 
     beta: float = Field(0.1, gt=0)
     """Inverse temperature of dpo/cdpo/kto; the regularisation strength tau of ipo."""
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    # Not lt=0.5: the API server compares a whole number (0) with a fractional exclusive bound as
+    # integers (0 < 0) and refuses the default.
+    label_smoothing: float = Field(0.0, ge=0, le=0.49)
     """cdpo: assumed probability that a preference label is flipped."""
     desirable_weight: float = Field(1.0, gt=0)
     """kto: weight of desirable examples."""
@@ -554,7 +556,9 @@ class RLHFJobSpec(APIModel):
     """Datasets."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}, **immutable("rollout")})
     """Generation settings (online algorithms)."""
-    training: TrainingSpec = Field(default_factory=TrainingSpec, json_schema_extra={"default": {}, **immutable("training")})
+    # The whole default, not {}: the API server checks training's CEL rules on the default itself.
+    training: TrainingSpec = Field(default_factory=TrainingSpec, json_schema_extra={
+        "default": TrainingSpec().model_dump(by_alias=True, exclude_none=True), **immutable("training")})
     """Optimisation settings."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}, **immutable("resources")})
     """Pods, GPUs, networking and environment."""
