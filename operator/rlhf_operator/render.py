@@ -203,7 +203,11 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
     volumes, mounts = _volumes(job)
     env = [*_trainer_env(job), {"name": "RLHF_METRICS_PORT", "value": str(METRICS_PORT)}]
     container = _container(job, "ray-head", env, mounts, {"cpu": head.cpu, "memory": head.memory})
+    # KubeRay builds the head Service from these ports once any is named, so Ray's are listed too.
     container["ports"] = [
+        {"name": "gcs-server", "containerPort": 6379},
+        {"name": "dashboard", "containerPort": 8265},
+        {"name": "client", "containerPort": 10001},
         {"name": "metrics", "containerPort": METRICS_PORT},
         {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import kopf
 
 
@@ -10,6 +12,7 @@ def run(namespaces: list[str], metrics_port: int, health_port: int, verbose: boo
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=verbose)
+    logging.getLogger("celpy").setLevel(logging.WARNING)  # one line per CEL step when verbose
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,

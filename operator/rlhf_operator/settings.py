@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import kopf
 
@@ -37,6 +38,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = MANAGED_BY
+    settings.posting.reporting_instance = socket.gethostname()  # the pod's name in a cluster
 
     # One replica (the Helm chart's Deployment uses the Recreate strategy): no peering objects.
     settings.peering.standalone = True

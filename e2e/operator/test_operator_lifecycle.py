@@ -1,0 +1,208 @@
+"""The operator on a real control plane: children, status following KubeRay, suspend, TTL, deletion.
+
+RayJob status is written here as KubeRay writes it (e2e/operator/kuberay.py explains the seam),
+with the real KubeRay operator paused so that it does not write its own.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from e2e.fixtures import wait_for
+from e2e.operator.jobs import (
+    children, create_job, events, get_job, rlhf_job, touch_and_wait_reconciled, wait_gone, wait_phase,
+)
+from e2e.operator.kuberay import RayJobStatus
+from rlhf_operator import names
+from rlhf_operator.api import v1alpha1 as api
+
+
+def start_job(kube, namespace, operator, name="tiny", **spec):
+    operator.start()
+    created = create_job(kube, namespace, rlhf_job(name, **spec))
+    job = wait_phase(kube, namespace, name, "Pending", "RayJobCreated")
+    return created, job, RayJobStatus(kube, namespace, names.ray_job(name))
+
+
+def event_reasons(kube, namespace, name):
+    return [event["reason"] for event in events(kube, namespace, name)]
+
+
+def test_children_are_created_owned_and_pending(kube, namespace, operator, kuberay_paused):
+    created, job, _ = start_job(kube, namespace, operator)
+    uid = created["metadata"]["uid"]
+    found = children(kube, namespace, "tiny")
+    assert {kind: [o["metadata"]["name"] for o in objs] for kind, objs in found.items()} == {
+        "ConfigMap": ["tiny-config"], "ServiceAccount": ["tiny-trainer"], "Role": ["tiny-trainer"],
+        "RoleBinding": ["tiny-trainer"], "RayJob": ["tiny"]}
+    for objs in found.values():
+        assert [ref["uid"] for ref in objs[0]["metadata"]["ownerReferences"]] == [uid]
+    config = yaml.safe_load(found["ConfigMap"][0]["data"][api.JOB_CONFIG_FILE])
+    assert config["metadata"] == {"name": "tiny", "namespace": namespace, "uid": uid}
+    assert config["spec"]["training"]["zeroStage"] == 3  # defaults applied
+    ray_job = found["RayJob"][0]
+    assert ray_job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "tiny-trainer"
+
+    status = job["status"]
+    assert status["rayJobName"] == "tiny"
+    assert status["observedGeneration"] == job["metadata"]["generation"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "False", "Running": "False", "Succeeded": "False", "Failed": "False", "Suspended": "False"}
+    wait_for(lambda: "RayJobCreated" in event_reasons(kube, namespace, "tiny"), 30, "the RayJobCreated event")
+    assert job["metadata"]["finalizers"] == ["rlhf.dev/finalizer"]
+    assert any(key.startswith("rlhf.dev/") for key in job["metadata"]["annotations"])
+
+
+def test_phases_conditions_events_and_times_follow_the_ray_job(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    provisioning = wait_phase(kube, namespace, "tiny", "Provisioning", "StartingRayCluster")["status"]
+    assert provisioning["rayClusterName"] == "tiny-abcde"
+    assert provisioning["startTime"]
+    ray_job.submitted()
+    wait_phase(kube, namespace, "tiny", "Provisioning", "SubmittingJob")
+    ray_job.running()
+    running = wait_phase(kube, namespace, "tiny", "Running", "Training")["status"]
+    assert running["dashboardURL"].startswith("tiny-head-svc.")
+    conditions = {c["type"]: c for c in running["conditions"]}
+    assert conditions["Running"]["status"] == conditions["Ready"]["status"] == "True"
+
+    # The trainer reports progress; the operator must leave it alone from here on.
+    progress = {"step": 3, "totalSteps": 10, "percent": 30.0, "summary": "3/10"}
+    kube.patch(api.KIND, namespace, "tiny", {"status": {"progress": progress, "metrics": {"rewardMean": 0.25}}},
+               subresource="status")
+    ray_job.succeeded()
+    done = wait_phase(kube, namespace, "tiny", "Succeeded", "Completed")["status"]
+    assert done["progress"] == progress and done["metrics"] == {"rewardMean": 0.25}
+    assert done["completionTime"] >= done["startTime"] == provisioning["startTime"]
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert {t for t, c in conditions.items() if c["status"] == "True"} == {"Ready", "Succeeded"}
+    assert conditions["Running"]["lastTransitionTime"] >= conditions["Ready"]["lastTransitionTime"]
+
+    expected = ["RayJobCreated", "StartingRayCluster", "SubmittingJob", "Training", "Completed"]
+    wait_for(lambda: event_reasons(kube, namespace, "tiny") == expected, 30, f"events {expected}")
+    messages = {e["reason"]: e["message"] for e in events(kube, namespace, "tiny")}
+    assert messages["RayJobCreated"] == "RayJob tiny created; waiting for KubeRay to start the Ray cluster"
+
+
+def test_failed_run_carries_kuberays_reason_and_message(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+    ray_job.failed("AppFailed", "Job entrypoint command failed with exit code 1")
+    failed = wait_phase(kube, namespace, "tiny", "Failed", "AppFailed")["status"]
+    assert failed["message"] == "Training failed: Job entrypoint command failed with exit code 1"
+    assert {c["type"] for c in failed["conditions"] if c["status"] == "True"} == {"Failed"}
+    assert failed["completionTime"]
+
+    def warning():
+        return [e for e in events(kube, namespace, "tiny") if e["reason"] == "AppFailed"]
+
+    [event] = wait_for(warning, 30, "the AppFailed event")
+    assert event["type"] == "Warning" and event["message"] == failed["message"]
+
+
+def test_suspend_and_resume_go_through_the_ray_job(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+
+    kube.patch(api.KIND, namespace, "tiny", {"spec": {"suspend": True}})
+    wait_for(lambda: kube.get("RayJob", namespace, "tiny")["spec"]["suspend"] is True, 30, "RayJob suspend")
+    wait_phase(kube, namespace, "tiny", "Suspended", "Suspending")
+    ray_job.suspending()
+    ray_job.suspended()
+    suspended = wait_phase(kube, namespace, "tiny", "Suspended", "Suspended")
+    assert {c["type"] for c in suspended["status"]["conditions"] if c["status"] == "True"} == {"Suspended"}
+    assert suspended["status"]["observedGeneration"] == suspended["metadata"]["generation"]
+    assert "rayClusterName" not in suspended["status"]
+
+    kube.patch(api.KIND, namespace, "tiny", {"spec": {"suspend": False}})
+    wait_for(lambda: kube.get("RayJob", namespace, "tiny")["spec"]["suspend"] is False, 30, "RayJob resume")
+    wait_phase(kube, namespace, "tiny", "Pending", "Resuming")
+    ray_job.new()
+    ray_job.initializing()
+    wait_phase(kube, namespace, "tiny", "Provisioning", "StartingRayCluster")
+
+
+def test_queued_job_starts_suspended_for_kueue(kube, namespace, operator, kuberay_paused):
+    operator.start()
+    create_job(kube, namespace, rlhf_job("queued", queueName="team-a"))
+    ray_job = wait_for(lambda: kube.get("RayJob", namespace, "queued"), 30, "the RayJob")
+    assert ray_job["spec"]["suspend"] is True
+    assert ray_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    RayJobStatus(kube, namespace, "queued").suspended()
+    wait_phase(kube, namespace, "queued", "Suspended", "Queued")
+    # Kueue admits the job by clearing the flag; the operator must not set it back.
+    kube.patch("RayJob", namespace, "queued", {"spec": {"suspend": False}})
+    RayJobStatus(kube, namespace, "queued").new()
+    wait_phase(kube, namespace, "queued", "Pending", "RayJobCreated")
+    touch_and_wait_reconciled(kube, namespace, "queued")
+    assert kube.get("RayJob", namespace, "queued")["spec"]["suspend"] is False
+
+
+def test_ttl_after_finish_deletes_the_job_and_its_children(kube, namespace, operator, kuberay_paused):
+    created, _, ray_job = start_job(kube, namespace, operator, ttlSecondsAfterFinished=2)
+    ray_job.initializing()
+    ray_job.running()
+    ray_job.succeeded()
+    wait_phase(kube, namespace, "tiny", "Succeeded")
+    wait_gone(kube, api.KIND, namespace, "tiny")
+    # The garbage collector follows the owner references.
+    for kind, name in [("RayJob", "tiny"), ("ConfigMap", "tiny-config"), ("ServiceAccount", "tiny-trainer"),
+                       ("Role", "tiny-trainer"), ("RoleBinding", "tiny-trainer")]:
+        wait_gone(kube, kind, namespace, name)
+
+
+def test_ray_job_deleted_out_of_band_is_recreated_while_the_job_runs(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+    old = kube.get("RayJob", namespace, "tiny")
+    kube.delete("RayJob", namespace, "tiny", old["metadata"]["uid"])
+
+    def recreated():
+        now = kube.get("RayJob", namespace, "tiny")
+        return now if now and now["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    wait_for(recreated, 30, "a new RayJob")
+    wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
+    [deleted] = [e for e in events(kube, namespace, "tiny") if e["reason"] == "RayJobDeleted"]
+    assert deleted["type"] == "Warning" and "recreating" in deleted["message"]
+    assert len(children(kube, namespace, "tiny")["RayJob"]) == 1
+
+
+def test_ray_job_deleted_after_the_job_finished_stays_deleted(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    ray_job.succeeded()
+    wait_phase(kube, namespace, "tiny", "Succeeded")
+    kube.delete("RayJob", namespace, "tiny", kube.get("RayJob", namespace, "tiny")["metadata"]["uid"])
+    deleted = wait_for(lambda: [e for e in events(kube, namespace, "tiny") if e["reason"] == "RayJobDeleted"],
+                       30, "the RayJobDeleted event")
+    assert "not recreated" in deleted[0]["message"]
+    assert kube.get("RayJob", namespace, "tiny") is None  # the operator had handled the deletion: no new one
+    assert get_job(kube, namespace, "tiny")["status"]["phase"] == "Succeeded"
+
+
+def test_deleting_the_job_cascades_to_its_children(kube, namespace, operator, kuberay_paused):
+    created, _, _ = start_job(kube, namespace, operator)
+    kube.delete(api.KIND, namespace, "tiny", created["metadata"]["uid"])
+    wait_gone(kube, api.KIND, namespace, "tiny")
+    for kind, objs in children(kube, namespace, "tiny").items():
+        for obj in objs:
+            wait_gone(kube, kind, namespace, obj["metadata"]["name"])
+
+
+def test_metrics_and_health(kube, namespace, operator, kuberay_paused):
+    _, _, ray_job = start_job(kube, namespace, operator)
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+    wait_for(lambda: 'rlhf_operator_jobs{phase="Running"} 1.0' in operator.metrics(), 30, "jobs{phase=Running} 1")
+    text = operator.metrics()
+    assert 'rlhf_operator_reconcile_duration_seconds_count{handler="reconcile"}' in text
+    assert operator.healthy()
