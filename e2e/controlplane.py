@@ -59,6 +59,8 @@ FIELD_MANAGER = "rlhf-e2e"
 # What a control plane may need (helm is built by build.sh but used by no test here).
 # KubeRay's CRDs are always installed, so its module is always needed.
 BUILD_TARGETS = ("etcd", "kube", "kwok", "kuberay")
+# Run dirs kept after failed sessions (under <cache>/e2e-runs), newest first.
+RUNS_KEPT = 8
 # Order of stopping: dependents first.
 STOP_ORDER = (
     "kuberay-operator",
@@ -230,6 +232,41 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def _in_use(path: Path) -> bool:
+    """Whether a state dir (or a seed's temporary one) has a live process of ours."""
+    for state in [path / "state.json", path / "run" / "state.json"]:
+        try:
+            procs = json.loads(state.read_text()).get("processes", [])
+        except (OSError, ValueError):
+            continue
+        if any(Process.from_json(p).alive() for p in procs):
+            return True
+    return False
+
+
+def _prune(parent: Path, keep: int, stale_after_s: float = 3600.0) -> None:
+    """Keep the `keep` newest entries of parent (run dirs kept after failures, seeds); drop
+    leftovers of interrupted runs (names starting with '.') after an hour. Never touches a
+    directory with a live process."""
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:  # removed meanwhile by another session
+            return 0.0
+
+    now = time.time()
+    try:
+        entries = sorted(parent.iterdir(), key=mtime, reverse=True)
+    except OSError:
+        return
+    visible = [p for p in entries if not p.name.startswith(".")]
+    doomed = visible[keep:] + [p for p in entries if p.name.startswith(".tmp-")
+                               and now - mtime(p) > stale_after_s]
+    for p in doomed:
+        if p.is_dir() and not _in_use(p):
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _conditions(obj: Any) -> dict[str, str]:
     """type -> status of an object's status.conditions (tolerates missing/null parts)."""
     status = (obj or {}).get("status") or {} if isinstance(obj, dict) else {}
@@ -319,6 +356,7 @@ class ControlPlane:
         if state_dir is None:
             runs = cache_dir() / "e2e-runs"
             runs.mkdir(parents=True, exist_ok=True)
+            _prune(runs, keep=RUNS_KEPT)
             state_dir = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs)
         self.state_dir = Path(state_dir).resolve()
         self.want_controller_manager = controller_manager
@@ -583,9 +621,7 @@ class ControlPlane:
         except BaseException:
             seeder.stop(keep_state=True)
             raise
-        for old in sorted((p for p in seeds.iterdir() if not p.name.startswith(".")),
-                          key=lambda p: p.stat().st_mtime)[:-self.SEEDS_KEPT]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(seeds, keep=self.SEEDS_KEPT)
         return seed
 
     def _crds_from_seed(self, seed: Path) -> None:
