@@ -4,7 +4,8 @@ etcd + kube-apiserver (RBAC, service-account signing keys, an admin token), and 
 kube-controller-manager, kube-scheduler, kwok (fake GPU and CPU nodes, see e2e/kwok/) and the
 KubeRay operator. The binaries are built from upstream Go modules by e2e/build/build.sh at the
 versions pinned in e2e/build/versions.env. Every process listens on free loopback ports, logs
-to its own file in the state directory and is stopped by PID.
+to its own file in the state directory and is stopped by PID. The CRDs (crds/ and KubeRay's)
+are installed once per set of CRD files into a cached etcd "seed" that later starts copy.
 
 As a library::
 

@@ -10,8 +10,10 @@
 - ``kubeconfig``: the kubeconfig path, also exported as KUBECONFIG for the session.
 - ``namespace``: a fresh namespace per test (with its default ServiceAccount), deleted after.
 
-Environment: RLHF_CACHE (where binaries and run dirs live), RLHF_E2E_KEEP=1 keeps the
-run dir (logs, etcd data) even when every test passed.
+Environment: RLHF_CACHE (where binaries, etcd seeds and run dirs live; default
+~/.cache/rlhf-operator), RLHF_E2E_KEEP=1 keeps the run dir (logs, etcd data) even when every
+test passed (it is always kept after a failure), RLHF_E2E_NO_SEED=1 installs the CRDs into a
+fresh etcd instead of starting from the cached seed.
 """
 
 from __future__ import annotations
