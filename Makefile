@@ -12,3 +12,13 @@ test: setup  ## run the whole suite (builds the local control plane on first use
 
 crd: setup  ## regenerate crds/ from the API models
 	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml
+
+.PHONY: control-plane dev-cluster-up dev-cluster-down
+control-plane:  ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, KubeRay and helm (cached)
+	e2e/build/build.sh
+
+dev-cluster-up: setup  ## start a local control plane with kwok GPU nodes and KubeRay, and print the KUBECONFIG export
+	@$(PY) -m e2e.controlplane up
+
+dev-cluster-down:  ## stop it
+	$(PY) -m e2e.controlplane down
