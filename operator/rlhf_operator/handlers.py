@@ -5,6 +5,9 @@
 - RayJob events (ours only, selected by label on the server): mirror status, recreate if deleted.
 - Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
 - Every RLHFJob event: the jobs-by-phase metric.
+
+The timer and the daemon make kopf put the finalizer rlhf.dev/finalizer on RLHFJobs (so it can
+stop them before the object goes): deleting a job while no operator runs waits for one.
 """
 
 from __future__ import annotations

@@ -5,24 +5,28 @@ phase with a reason and a message for humans; `next_status` turns that into the 
 operator owns (phase, conditions, times, names); `transition` says whether it is worth an Event.
 The trainer's fields (progress, metrics, lastCheckpoint) are never part of any of it.
 
-| RayJob jobDeploymentStatus | jobStatus          | phase        | reason                   |
-| -------------------------- | ------------------ | ------------ | ------------------------ |
-| Complete                   | SUCCEEDED          | Succeeded    | Completed                |
-| Complete                   | STOPPED            | Failed       | Stopped                  |
-| Complete                   | other              | Failed       | KubeRay's or RayJobFailed|
-| Failed                     | any                | Failed       | KubeRay's (AppFailed...) |
-| ValidationFailed           | any                | Failed       | RayJobInvalid            |
-| any other, spec.suspend    | (Suspended)        | Suspended    | Suspended or Queued      |
-| any other, spec.suspend    | (not Suspended)    | Suspended    | Suspending               |
-| Suspending                 | any                | Suspended    | Suspending               |
-| Suspended (resume asked)   | any                | Pending      | Resuming                 |
-| "" (new)                   | any                | Pending      | RayJobCreated            |
-| Initializing               | any                | Provisioning | StartingRayCluster       |
-| Waiting                    | any                | Provisioning | WaitingForSubmission     |
-| Running                    | "" or PENDING      | Provisioning | SubmittingJob            |
-| Running                    | RUNNING            | Running      | Training                 |
-| Running                    | terminal           | Running      | Finishing                |
-| Retrying                   | any                | Provisioning | Retrying                 |
+| RayJob jobDeploymentStatus       | jobStatus       | phase        | reason                        |
+| -------------------------------- | --------------- | ------------ | ----------------------------- |
+| Complete                         | SUCCEEDED       | Succeeded    | Completed                     |
+| Complete                         | STOPPED         | Failed       | Stopped                       |
+| Complete                         | other           | Failed       | KubeRay's, else RayJobFailed  |
+| Failed                           | any             | Failed       | KubeRay's (AppFailed, DeadlineExceeded, SubmissionFailed, ...) |
+| ValidationFailed                 | any             | Failed       | RayJobInvalid                 |
+| Suspended, RayJob spec.suspend   | any             | Suspended    | Suspended (Queued for Kueue)  |
+| other, RayJob spec.suspend       | any             | Suspended    | Suspending                    |
+| Suspending                       | any             | Suspended    | Suspending                    |
+| Suspended (resume asked)         | any             | Pending      | Resuming                      |
+| "" (new)                         | any             | Pending      | RayJobCreated                 |
+| Initializing                     | any             | Provisioning | StartingRayCluster            |
+| Waiting                          | any             | Provisioning | WaitingForSubmission          |
+| Running                          | "" or PENDING   | Provisioning | SubmittingJob                 |
+| Running                          | RUNNING         | Running      | Training                      |
+| Running                          | terminal        | Running      | Finishing                     |
+| Retrying                         | any             | Provisioning | Retrying                      |
+
+Conditions Ready, Running, Succeeded, Failed, Suspended are all present: True for Running (Ready,
+Running), Succeeded (Ready, Succeeded), Failed (Failed), Suspended (Suspended), else False; each
+carries the phase's reason and message. The operator's own refusals (bad input) are Failed too.
 
 Succeeded and Failed are final: once there, the status no longer follows the RayJob.
 """
