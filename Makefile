@@ -22,3 +22,7 @@ dev-cluster-up: setup  ## start a local control plane with kwok GPU nodes and Ku
 
 dev-cluster-down:  ## stop it
 	$(PY) -m e2e.controlplane down
+
+.PHONY: manifests
+manifests:  ## render the Helm chart into manifests/install.yaml
+	helm/render-manifests.sh > manifests/install.yaml

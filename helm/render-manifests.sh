@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Render the chart into the plain install manifests (manifests/install.yaml is this script's output).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/e2e/build/build.sh" helm >/dev/null
+helm=$("$root/e2e/build/build.sh" paths | sed -n 's/^HELM=//p')
+echo "# Rendered from helm/rlhf-operator by helm/render-manifests.sh (make manifests). Do not edit."
+"$helm" template rlhf-operator "$root/helm/rlhf-operator" --namespace rlhf-system --include-crds \
+  --set createNamespace=true 2>/dev/null
