@@ -68,3 +68,19 @@ def test_two_rank_zero3_group_matches_one_rank(tiny_model, local_ray):
     torch.testing.assert_close(log_probs, single_log_probs, rtol=1e-4, atol=1e-4)
     for name, value in single_after[0].items():
         assert value == pytest.approx(after[0][name], rel=1e-3, abs=1e-3), name
+
+
+def test_reward_model_group_scores_like_the_local_scorer(tiny_reward_model, local_ray):
+    """The reward-model group (2 ZeRO-3 ranks) gives a `type: model` source the scores the
+    in-process RewardModelScorer gives; 5 texts over 2 ranks also exercise the padding."""
+    from rlhf_trainer.rewards import RewardModelScorer
+
+    placement = Placement(use_gpu=False, bundles=2, ranks={"reward": [0, 1]})
+    group = ModelGroup("reward", create_placement_group(placement), placement)
+    path = str(tiny_reward_model)
+    ray.get(group.setup(ModelConfig(role="reward", path=path, model=ModelSpec(path=path, dtype="float32"),
+                                    training=TrainingSpec(zero_stage=3, bf16=False, micro_rollout_batch_size=2))))
+    prompts = ["Ada: Say c.", "Bo: Type a many times.", "Cy: Letter: h", "Dee: Say b.", "Eli: Please write d."]
+    completions = ["ccc", "a", "hhhhhhhh", "", "dx"]
+    torch.testing.assert_close(group.score(prompts, completions), RewardModelScorer(path)(prompts, completions),
+                               rtol=1e-5, atol=1e-5)

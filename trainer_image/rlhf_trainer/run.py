@@ -7,7 +7,9 @@ cluster. Exit status: 0 done, 1 the run failed, 2 the job file is invalid (nothi
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -47,6 +49,8 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
         print(f"{job_file}: cannot read: {error}", file=sys.stderr)
         return EXIT_INVALID
 
+    logging.getLogger("rlhf_trainer").setLevel(logging.INFO)  # e.g. "resumed from ..."
+    logging.basicConfig(format="%(message)s")
     name = job.metadata.get("name", job_file.stem)
     output_dir = Path(output_dir or Path("runs") / name)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -65,8 +69,9 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             # A private instance: own temp dir (short, for Ray's socket paths), stopped at the end.
             # CPUs are logical here: enough for one per rank and engine, however many cores there are.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
             ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, placement.bundles), include_dashboard=False,
-                     _temp_dir=tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp"))
+                     _temp_dir=ray_dir)
             started_ray = True
         check_cluster(job.spec, placement, ray.cluster_resources())
 
@@ -90,5 +95,6 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             trainer.close()
         if started_ray:
             ray.shutdown()
+            shutil.rmtree(ray_dir, ignore_errors=True)
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK

@@ -64,7 +64,7 @@ def model_spec(job: RLHFJob, role: str) -> ModelSpec:
 
 
 @dataclass
-class Rollout:
+class PendingRollout:
     """Prompts sent to the engines and the generations on their way back."""
 
     prompts: list[PromptItem]
@@ -111,6 +111,7 @@ class Trainer:
             group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
             max_model_len=self.spec.data.max_prompt_tokens + self.rollout.max_new_tokens,
             seed=self.training.seed, revision=self.spec.models.actor.revision,
+            sleep_mode=placement.use_gpu and self.training.colocation == "all",
         )
         reward_model = self.groups.get("reward")
         self.reward = build_reward(self.spec.reward, base_dir=self.base_dir,
@@ -146,19 +147,22 @@ class Trainer:
     def fit(self) -> None:
         self._resume()
         batches = self._batches()
-        pending: deque[Rollout] = deque()
+        queue: deque[PendingRollout] = deque()
         while self.step < self.total_steps:
-            while len(pending) <= self.training.async_queue_size and (batch := next(batches, None)):
-                pending.append(self._start_rollout(*batch))
+            while len(queue) <= self.training.async_queue_size and (batch := next(batches, None)):
+                queue.append(self._start_rollout(*batch))
             started = time.perf_counter()
-            rollout = pending.popleft()
-            experience, metrics = self._make_experience(rollout)
+            current = queue.popleft()
+            generations = ray.get(current.generations)
+            self._vllm_sleep(True)
+            experience, metrics = self._make_experience(current.prompts, generations)
             metrics["rollout_seconds"] = time.perf_counter() - started
-            position = rollout.data_position
+            position = current.data_position
             metrics["epoch"] = position["epoch"] + position["position"] / len(self.prompts)  # prompts seen, in epochs
 
             started = time.perf_counter()
             metrics.update(self._train(experience))
+            self._vllm_sleep(False)
             sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype, use_gpu=self.placement.use_gpu)
             metrics["update_seconds"] = time.perf_counter() - started
 
@@ -166,7 +170,7 @@ class Trainer:
             self.reporter.log(self.step, metrics)
             interval = self.spec.checkpoint.interval_steps
             if (interval and self.step % interval == 0) or self.step == self.total_steps:
-                self._save(rollout.data_position)
+                self._save(current.data_position)
         if self.spec.checkpoint.export_hf:
             ray.get(self.actor.call("save_pretrained", str(self.checkpoint_dir / "final")))
 
@@ -182,7 +186,7 @@ class Trainer:
 
     # -- 1. rollout ------------------------------------------------------------------------------
 
-    def _start_rollout(self, prompts: list[PromptItem], data_position: dict) -> Rollout:
+    def _start_rollout(self, prompts: list[PromptItem], data_position: dict) -> PendingRollout:
         sampling = dict(n=self.rollout.samples_per_prompt, max_tokens=self.rollout.max_new_tokens,
                         temperature=self.rollout.temperature, top_p=self.rollout.top_p, top_k=self.rollout.top_k)
         per_engine = -(-len(prompts) // len(self.engines))
@@ -190,16 +194,23 @@ class Trainer:
             engine.generate.remote([p.prompt_token_ids for p in prompts[i * per_engine:(i + 1) * per_engine]], sampling)
             for i, engine in enumerate(self.engines)
         ]
-        return Rollout(prompts, generations, data_position)
+        return PendingRollout(prompts, generations, data_position)
+
+    def _vllm_sleep(self, asleep: bool) -> None:
+        """Hybrid engine (colocation all) on GPUs: vLLM frees its GPU memory while the models score
+        and train, and takes it back before the weight sync. UNTESTED (no GPUs here); on CPU
+        vLLM's sleep does nothing, and nothing is called."""
+        if self.placement.use_gpu and self.training.colocation == "all":
+            ray.get([(engine.sleep if asleep else engine.wake_up).remote() for engine in self.engines])
 
     # -- 2-5. experience -------------------------------------------------------------------------
 
-    def _make_experience(self, rollout: Rollout) -> tuple[Experience, dict[str, float]]:
-        results = ray.get(rollout.generations)
-        completions = [samples for per_prompt, _ in results for samples in per_prompt]
-        generation_seconds = max(seconds for _, seconds in results)
+    def _make_experience(self, batch: list[PromptItem], generations: list) -> tuple[Experience, dict[str, float]]:
+        """The scored, advantage-carrying Experience of one rollout, and its metrics."""
+        completions = [samples for per_prompt, _ in generations for samples in per_prompt]
+        generation_seconds = max(seconds for _, seconds in generations)
         n = self.rollout.samples_per_prompt
-        prompts = [item for item in rollout.prompts for _ in range(n)]  # prompt-major, as grouped estimators read
+        prompts = [item for item in batch for _ in range(n)]  # prompt-major, as grouped estimators read
         samples = [c for per_prompt in completions for c in per_prompt]
         sequences, attention_mask, action_mask = self._pack(prompts, samples)
         num_actions = action_mask.shape[1]
@@ -235,7 +246,7 @@ class Trainer:
             sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
             action_log_probs=action_log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
             advantages=advantages, returns=returns, rewards=reward.total, response_length=response_length,
-            group_ids=torch.arange(len(rollout.prompts)).repeat_interleave(n),
+            group_ids=torch.arange(len(batch)).repeat_interleave(n),
         )
 
         rollout_log_probs = self._pad([c.log_probs for c in samples], num_actions, 0.0, torch.float32)

@@ -32,7 +32,7 @@ class Completion:
 
 class RolloutEngine:
     def __init__(self, model_path: str, *, rollout: RolloutSpec, dtype: str, max_model_len: int, seed: int,
-                 use_gpu: bool, revision: str | None = None):
+                 use_gpu: bool, revision: str | None = None, sleep_mode: bool = False):
         from vllm import LLM
 
         options = dict(
@@ -48,6 +48,7 @@ class RolloutEngine:
                 enforce_eager=rollout.enforce_eager,
                 distributed_executor_backend="ray" if rollout.tensor_parallel_size > 1 else "uni",
                 worker_extension_cls="rlhf_trainer.workers.weight_sync.WeightSyncExtension",
+                enable_sleep_mode=sleep_mode,  # hybrid engine: free the GPUs while training
             )
         else:
             options.update(enforce_eager=True)  # no CUDA graphs on CPU
@@ -82,6 +83,13 @@ class RolloutEngine:
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
+
+    # Hybrid engine on GPU (UNTESTED): level 1 keeps the weights in CPU memory, drops the KV cache.
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
 
     # GPU weight sync, receiving side (UNTESTED): forwarded to every worker of this engine.
     def init_weight_sync(self, master_addr: str, master_port: int, rank_offset: int, world_size: int) -> None:

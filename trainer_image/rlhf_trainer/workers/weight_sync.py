@@ -20,7 +20,8 @@ import torch
 def sync_weights(actor_group, engines: list, *, dtype: str, use_gpu: bool) -> None:
     """Push the actor's current weights to every rollout engine and wait until they serve them."""
     if use_gpu:
-        ray.get(actor_group.call("broadcast_weights", engines, dtype) + [e.reset_prefix_cache.remote() for e in engines])
+        ray.get(actor_group.call("broadcast_weights", engines, dtype))
+        ray.get([engine.reset_prefix_cache.remote() for engine in engines])  # after the last weight arrived
         return
     states = actor_group.call("state_dict", dtype)
     ray.get([engine.load_weights.remote(states[0]) for engine in engines] + states[1:])

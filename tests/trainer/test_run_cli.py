@@ -1,0 +1,79 @@
+"""`rlhf run`: exit status 0 / 1 / 2, invalid combinations refused before anything loads, outputs written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+from transformers import AutoModelForCausalLM
+
+from rlhf_operator.cli import main
+
+pytestmark = pytest.mark.timeout(600)
+
+INVALID = {
+    # spec overrides -> the field the error must name
+    "hybrid engine running ahead": ({"training.colocation": "all", "training.asyncQueueSize": 1},
+                                    "spec.training.asyncQueueSize"),
+    "tensor parallel on CPU": ({"rollout.tensorParallelSize": 2}, "spec.rollout.tensorParallelSize"),
+    "micro-batches that do not divide": ({"training.microTrainBatchSize": 48}, "spec.training.trainBatchSize"),
+    "LoRA": ({"models.actor.lora": {"rank": 8}}, "spec.models.actor.lora"),
+    "offline algorithm": ({"algorithm": "dpo", "reward": None,
+                           "data.preferences": {"sources": [{"path": "tiny/prompts.jsonl"}]}}, "spec.algorithm"),
+    "schema rule (CEL)": ({"rollout.samplesPerPrompt": 1}, "spec.rollout.samplesPerPrompt"),
+    "GPUs the cluster lacks": ({"resources.gpusPerNode": 4}, "spec.resources.gpusPerNode"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_combination_is_refused_before_any_model_loads(case, toy_job, tmp_path, capsys):
+    overrides, field = INVALID[case]
+    # No model at the actor's path: a run that got as far as loading one would fail there (exit 1).
+    job = toy_job(**{"models.actor.path": str(tmp_path / "no-such-model"), **overrides})
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert field in error, error
+    assert not ray.is_initialized()
+
+
+def test_context_longer_than_the_model_is_refused(toy_job, tmp_path, capsys):
+    job = toy_job(**{"rollout.maxNewTokens": 1000})  # the tiny model has 512 positions
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "spec.rollout.maxNewTokens" in capsys.readouterr().err
+
+
+def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):
+    job = toy_job(**{"reward.sources": [{"name": "broken", "type": "function",
+                                         "function": {"entrypoint": "tiny/reward.py:no_such_function"}}]})
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert "the run failed" in error and "broken" in error, error
+    assert not ray.is_initialized()
+
+
+def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job, tiny_model, tmp_path):
+    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2})
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=540, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "succeeded" in result.stdout
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= m.keys()
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+    checkpoints = out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000002", "step-00000003"]
+    final = AutoModelForCausalLM.from_pretrained(checkpoints / "final")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert final.state_dict().keys() == initial.state_dict().keys()
+    assert any((final.state_dict()[k] != v).any() for k, v in initial.state_dict().items()), "the actor trained"
