@@ -1,0 +1,229 @@
+"""The seam where no container runtime exists: play the kubelet and KubeRay for a RayJob's head pod.
+
+Under kwok, pods never run. For the end-to-end test this module does, on this machine, what the
+kubelet and KubeRay would do for the head pod of a RayJob the operator created:
+
+- materialise the head container's ConfigMap volumes as files and its ServiceAccount token (a real
+  TokenRequest for the pod's ServiceAccount, with the cluster CA), and bind-mount them at the
+  container's mountPaths in a private mount namespace (so /etc/rlhf/job.yaml and
+  /var/run/secrets/kubernetes.io/serviceaccount exist for the processes inside, as in a pod);
+- resolve the container's env (literals, fieldRef, ConfigMap/Secret keys) and point
+  KUBERNETES_SERVICE_HOST/PORT at the API server, so in-cluster config works unchanged;
+- start a real Ray head there, submit the RayJob's entrypoint with its runtime env through Ray's
+  Jobs API, and write the RayJob status KubeRay writes as the Ray job moves (see
+  e2e/operator/kuberay.py for that status shape).
+
+What it does not do: pull images (the local virtualenv is the "image"), worker pods, GPUs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.controlplane import ControlPlane, free_ports
+from e2e.operator.kuberay import RayJobStatus
+from rlhf_operator.kube import Kube
+
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _bind_script(mounts: list[tuple[Path, str]]) -> str:
+    """Shell lines that bind each source at its mountPath inside the private mount namespace.
+
+    The parent of each mountPath gets a private tmpfs first, so files and directories created
+    as mount points stay in the namespace (the host keeps at most the empty parent directory).
+    """
+    lines = []
+    for src, dst in mounts:
+        parent = shlex.quote(str(Path(dst).parent))
+        make_point = "touch" if src.is_file() else "mkdir -p"
+        lines += [f"mkdir -p {parent}", f"mountpoint -q {parent} || mount -t tmpfs tmpfs {parent}",
+                  f"{make_point} {shlex.quote(dst)}", f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}"]
+    return "".join(line + "\n" for line in lines)
+
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+class HeadPod:
+    def __init__(self, control_plane: ControlPlane, kube: Kube, core: Any, namespace: str, rayjob_name: str):
+        """kube: the operator's client (RayJobs); core: a kubernetes CoreV1Api as cluster admin."""
+        self.cp, self.kube, self.core, self.namespace, self.name = control_plane, kube, core, namespace, rayjob_name
+        self.rayjob = kube.get("RayJob", namespace, rayjob_name)
+        template = self.rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+        self.pod = template["spec"]
+        self.pod_meta = template.get("metadata", {})
+        self.container = self.pod["containers"][0]
+        self.root = Path(tempfile.mkdtemp(prefix=f"head-{rayjob_name}-"))
+        self.status = RayJobStatus(kube, namespace, rayjob_name)
+        self.process: subprocess.Popen | None = None
+        self.dashboard_port = 0
+        self.log = self.root / "ray-head.log"
+
+    # --------------------------------------------------------------------------- what a kubelet does
+
+    def _volume_files(self) -> dict[str, Path]:
+        """ConfigMap volumes written out as directories, by volume name."""
+        dirs = {}
+        for volume in self.pod.get("volumes", []):
+            if "configMap" not in volume:
+                continue  # emptyDir (/dev/shm) and PVCs: the host's own filesystem stands in
+            data = self._data("ConfigMap", volume["configMap"]["name"])
+            target = self.root / "volumes" / volume["name"]
+            target.mkdir(parents=True)
+            for item in volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
+                (target / item["path"]).write_text(data[item["key"]])
+            dirs[volume["name"]] = target
+        return dirs
+
+    def _service_account(self) -> Path:
+        """A token of the pod's ServiceAccount, as the kubelet's projected volume holds it."""
+        account = self.pod.get("serviceAccountName", "default")
+        token = self.core.create_namespaced_service_account_token(
+            account, self.namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+        target = self.root / "serviceaccount"
+        target.mkdir()
+        (target / "token").write_text(token)
+        (target / "namespace").write_text(self.namespace)
+        (target / "ca.crt").write_bytes((self.cp.pki / "ca.crt").read_bytes())
+        return target
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "RAY_ADDRESS"))}
+        fields = {"metadata.namespace": self.namespace, "metadata.name": f"{self.name}-head",
+                  "spec.serviceAccountName": self.pod.get("serviceAccountName", "default")}
+        for source in self.container.get("envFrom", []):
+            ref = source.get("configMapRef") or source.get("secretRef")
+            kind = "ConfigMap" if "configMapRef" in source else "Secret"
+            env.update({source.get("prefix", "") + k: v for k, v in self._data(kind, ref["name"]).items()})
+        for var in self.container.get("env", []):
+            value_from = var.get("valueFrom", {})
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            elif "fieldRef" in value_from:
+                env[var["name"]] = fields[value_from["fieldRef"]["fieldPath"]]
+            elif "configMapKeyRef" in value_from or "secretKeyRef" in value_from:
+                kind = "ConfigMap" if "configMapKeyRef" in value_from else "Secret"
+                ref = value_from.get("configMapKeyRef") or value_from.get("secretKeyRef")
+                env[var["name"]] = self._data(kind, ref["name"])[ref["key"]]
+        port = self.cp.ports["kube-apiserver"]
+        env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port),
+                   RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                   PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+        return env
+
+    def _data(self, kind: str, name: str) -> dict[str, str]:
+        if kind == "Secret":
+            secret = self.core.read_namespaced_secret(name, self.namespace)
+            return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        return self.core.read_namespaced_config_map(name, self.namespace).data or {}
+
+    def _mounts(self, volumes: dict[str, Path], account: Path) -> list[tuple[Path, str]]:
+        mounts = [(volumes[m["name"]] / m.get("subPath", ""), m["mountPath"])
+                  for m in self.container.get("volumeMounts", []) if m["name"] in volumes]
+        return sorted([*mounts, (account, SA_MOUNT)], key=lambda m: m[1].count("/"))
+
+    def _cluster_cpus(self) -> int:
+        """The logical CPUs the whole Ray cluster would have: this one head stands in for the workers too."""
+        cluster = self.rayjob["spec"]["rayClusterSpec"]
+        groups = [(cluster["headGroupSpec"], 1)] + [(g, g.get("replicas", 1)) for g in cluster.get("workerGroupSpecs", [])]
+        total = 0
+        for group, replicas in groups:
+            cpu = str(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+            total += replicas * max(1, int(float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)))
+        return total
+
+    # ------------------------------------------------------------------------------- the Ray head
+
+    def start(self) -> HeadPod:
+        volumes, account = self._volume_files(), self._service_account()
+        # Every port Ray would otherwise take at its fixed default is chosen free: a pod has its own
+        # network namespace, this machine does not.
+        names = ["port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                 "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port",
+                 "ray-client-server-port"]
+        ports = dict(zip(names, free_ports(len(names))))
+        self.dashboard_port = ports["dashboard-port"]
+        ray = ["ray", "start", "--head", "--block", f"--num-cpus={self._cluster_cpus()}", "--num-gpus=0",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={self.root / 'ray'}",
+               "--disable-usage-stats", *(f"--{name}={port}" for name, port in ports.items())]
+        script = f"set -e\n{_bind_script(self._mounts(volumes, account))}exec {shlex.join(ray)}\n"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                                            env=self._env(), stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.status.initializing()
+        self._wait_dashboard()
+        return self
+
+    def _wait_dashboard(self, timeout: float = 120) -> None:
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ray head exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                self.client = JobSubmissionClient(f"http://127.0.0.1:{self.dashboard_port}")
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(1)
+        raise TimeoutError(f"Ray dashboard did not come up:\n{self.log.read_text()[-3000:]}")
+
+    def _submit(self, entrypoint: str, runtime_env: dict | None, timeout: float = 120) -> str:
+        """Submit as KubeRay's submitter does, retrying while the head's job agent is still starting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
+                                              submission_id=f"{self.name}-e2e")
+            except RuntimeError as error:
+                if "No available agent" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def run_job(self, timeout: float = 900) -> tuple[str, str]:
+        """Submit the RayJob's entrypoint and follow it as KubeRay does; returns (jobStatus, logs)."""
+        spec = self.rayjob["spec"]
+        runtime_env = yaml.safe_load(spec["runtimeEnvYAML"]) if spec.get("runtimeEnvYAML") else None
+        job_id = self._submit(spec["entrypoint"], runtime_env)
+        self.status.write(jobDeploymentStatus="Running", jobStatus="PENDING", jobId=job_id,
+                          dashboardURL=f"127.0.0.1:{self.dashboard_port}")
+        reported = "PENDING"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.client.get_job_info(job_id)
+            state = str(info.status)
+            if state != reported and state not in TERMINAL:
+                self.status.write(jobDeploymentStatus="Running", jobStatus=state)
+                reported = state
+            if state in TERMINAL:
+                logs = self.client.get_job_logs(job_id)
+                if state == "SUCCEEDED":
+                    self.status.succeeded()
+                else:
+                    # KubeRay copies the Ray job's message into the RayJob (AppFailed).
+                    self.status.failed("AppFailed", info.message or "")
+                return state, logs
+            time.sleep(1)
+        raise TimeoutError(f"Ray job {job_id} did not finish in {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
