@@ -3,9 +3,13 @@ SHELL := bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test crd
+.PHONY: setup demo test crd
 setup:  ## create/refresh the pinned virtualenv (fast when already done)
-	bash requirements/install.sh
+	bash requirements/install.sh >&2
+
+demo: setup  ## train the tiny GRPO example on CPU: build a tiny model offline, then rlhf run
+	$(VENV)/bin/rlhf tiny-model manifests/examples/tiny/model
+	$(VENV)/bin/rlhf run manifests/examples/tiny-grpo-cpu-job.yaml
 
 test: setup  ## run the whole suite (builds the local control plane on first use)
 	$(PY) -m pytest
