@@ -1,0 +1,396 @@
+"""reconcile.py called in-process on the real control plane, for the branches an operator run
+reaches only by chance: no-op re-runs, status write conflicts, a leftover child of a deleted job
+of the same name, a RayJob event of such a job, a stored spec this operator cannot parse, and
+jobs that are finished or being deleted.
+
+The functions run as kopf's handlers run them (on a kopf.Body, in a thread outside the event
+loop), with the operator's own client (`rlhf_operator.kube.Kube`) on the control plane. Their
+kopf.event() calls go through kopf's own event poster, as `kopf run` starts it, to the API server;
+the tests read the Events back from there. Every hard moment is made with real writes: another
+client writing the job's status between the operator's read and write, a finalizer holding a
+child while the garbage collector deletes it, a CRD release with a looser schema.
+
+Already covered with the operator running, so not repeated here: a same-named object of someone
+else (test_operator_bad_input.py::test_a_same_named_object_of_someone_else_is_not_taken_over) and
+a RayJob deleted out of band, recreated while the job runs and not after it finished
+(test_operator_lifecycle.py::test_ray_job_deleted_*).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import kopf
+import pytest
+from kopf._cogs.clients import auth, scanning
+from kopf._cogs.structs import credentials, references
+from kopf._core.engines import posting
+from kubernetes.client.exceptions import ApiException
+
+import rlhf_operator.kube as operator_kube
+from e2e.fixtures import wait_for
+from e2e.operator.jobs import children, create_job, get_job, rlhf_job, wait_gone
+from e2e.operator.kuberay import RayJobStatus
+from rlhf_operator import reconcile
+from rlhf_operator import settings as operator_settings
+from rlhf_operator.api import v1alpha1 as api
+from rlhf_operator.kube import Kube
+from rlhf_operator.names import MANAGED_BY
+
+log = logging.getLogger(__name__)
+
+KINDS = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "RayJob")
+BARRIER = "E2EBarrier"
+HOLD = "e2e.rlhf.dev/hold"
+CRD = "rlhfjobs.rlhf.dev"
+SAMPLES_MINIMUM = ("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/rollout"
+                   "/properties/samplesPerPrompt/minimum")
+
+
+class KopfEventPoster:
+    """kopf's event machinery as `kopf run` sets it up: kopf.event() queues an event, kopf's poster
+    task posts it to the API server from its own event loop, with credentials from the kubeconfig."""
+
+    def __init__(self) -> None:
+        self.settings = kopf.OperatorSettings()
+        operator_settings.configure(self.settings)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kopf-event-poster", daemon=True)
+        self.thread.start()
+        self.queue, self.vault, self.task = self._run(self._start())
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    async def _start(self) -> tuple[posting.K8sEventQueue, credentials.Vault, asyncio.Task]:
+        vault = credentials.Vault()
+        await vault.populate({"kubeconfig": kopf.login_with_kubeconfig(settings=self.settings)})
+        auth.vault_var.set(vault)  # seen by the tasks created below
+        backbone = references.Backbone()
+        await backbone.fill(resources=await scanning.scan_resources(groups={""}, settings=self.settings, logger=log))
+        queue: posting.K8sEventQueue = asyncio.Queue()
+        task = asyncio.create_task(posting.poster(event_queue=queue, backbone=backbone, settings=self.settings))
+        return queue, vault, task
+
+    async def _stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.vault.close()
+
+    def close(self) -> None:
+        self._run(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """kopf.event() in this thread goes to this poster (kopf's handler threads get the same context)."""
+        tokens = [(var, var.set(value)) for var, value in ((posting.settings_var, self.settings),
+                                                           (posting.event_queue_var, self.queue),
+                                                           (posting.event_queue_loop_var, self.loop))]
+        try:
+            yield
+        finally:
+            for var, token in reversed(tokens):
+                var.reset(token)
+
+
+@pytest.fixture(scope="module")
+def event_poster(kubeconfig: str) -> Iterator[KopfEventPoster]:
+    poster = KopfEventPoster()
+    try:
+        yield poster
+    finally:
+        poster.close()
+
+
+class OperatorKube(Kube):
+    """The operator's client on the control plane, noting each write it sends (kind, name, verb)
+    and each conflict the API server answers. A no-op write leaves no trace in the API (the
+    resourceVersion stays), so this is how a test sees one."""
+
+    def __init__(self, api_client: Any):
+        super().__init__(api_client)
+        self.writes: list[tuple[str, str, str]] = []
+        self.conflicts = 0
+
+    def _sent(self, kind: str, name: str, verb: str, call: Any) -> Any:
+        self.writes.append((kind, name, verb))
+        try:
+            return call()
+        except ApiException as error:
+            self.conflicts += error.status == 409
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._sent(obj["kind"], obj["metadata"]["name"], "create", lambda: super(OperatorKube, self).create(obj))
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
+              subresource: str | None = None) -> dict[str, Any]:
+        return self._sent(kind, name, f"patch {subresource or ''}".strip(),
+                          lambda: super(OperatorKube, self).patch(kind, namespace, name, patch, subresource))
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        return self._sent(kind, name, "delete", lambda: super(OperatorKube, self).delete(kind, namespace, name, uid))
+
+
+class RacingKube(OperatorKube):
+    """... with the trainer writing the job's progress right after each of the operator's reads of
+    the job, `races` times: the operator's next status write is then stale."""
+
+    def __init__(self, api_client: Any, trainer: Kube, races: int):
+        super().__init__(api_client)
+        self.trainer, self.races, self.steps = trainer, races, 0
+
+    def report_progress(self, namespace: str, name: str) -> None:
+        self.steps += 1
+        self.trainer.patch(api.KIND, namespace, name, {"status": {"progress": {"step": self.steps, "totalSteps": 10}}},
+                           subresource="status")
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = super().get(kind, namespace, name)
+        if kind == api.KIND and self.races:
+            self.races -= 1
+            self.report_progress(namespace, name)
+        return found
+
+
+@pytest.fixture(autouse=True)
+def operator_client(kube: Kube, event_poster: KopfEventPoster, monkeypatch: pytest.MonkeyPatch,
+                    kuberay_paused: None) -> Iterator[OperatorKube]:
+    """reconcile's client (on the control plane); its Events go to the API server."""
+    client = OperatorKube(kube.api_client)
+    use_client(monkeypatch, client)
+    with event_poster.active():
+        yield client
+
+
+def use_client(monkeypatch: pytest.MonkeyPatch, client: Kube) -> None:
+    monkeypatch.setattr(operator_kube, "client", lambda: client)
+
+
+@pytest.fixture
+def trainer(control_plane) -> Iterator[Kube]:
+    """Another client: the trainer, which writes the job's status.progress."""
+    client = Kube(control_plane.api_client())
+    yield client
+    client.api_client.close()
+
+
+def posted(kube: Kube, job: dict[str, Any]) -> list[tuple[str, str]]:
+    """(type, reason) of the Events about this very job on the API server, oldest first, once every
+    event queued so far has been posted (one worker posts an object's events in order, so a marker
+    event queued now is posted after them)."""
+    meta = job["metadata"]
+    marker = uuid.uuid4().hex
+    kopf.event(kopf.Body(job), type="Normal", reason=BARRIER, message=marker)
+
+    def found() -> list[dict[str, Any]] | None:
+        items = kube._request("GET", f"/api/v1/namespaces/{meta['namespace']}/events", query=[
+            ("fieldSelector", f"involvedObject.kind={api.KIND},involvedObject.uid={meta['uid']}")])["items"]
+        return items if any(e["message"] == marker for e in items) else None
+
+    items = sorted(wait_for(found, 30, f"the events of {meta['name']} to be posted"), key=lambda e: e["eventTime"])
+    assert all(e["source"]["component"] == MANAGED_BY for e in items)
+    return [(e["type"], e["reason"]) for e in items if e["reason"] != BARRIER]
+
+
+def assert_one_of_each(kube: Kube, namespace: str, name: str, uid: str) -> None:
+    found = children(kube, namespace, name)
+    assert {kind: len(objs) for kind, objs in found.items()} == dict.fromkeys(KINDS, 1)
+    for objs in found.values():
+        assert [ref["uid"] for ref in objs[0]["metadata"]["ownerReferences"]] == [uid]
+
+
+def phase(job: dict[str, Any]) -> tuple[str | None, str | None]:
+    status = job.get("status") or {}
+    return status.get("phase"), status.get("reason")
+
+
+def test_reconcile_is_idempotent(kube, namespace, operator_client):
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(created))
+    assert operator_client.writes == [  # children in order, the RayJob last, then the status
+        ("ConfigMap", "tiny-config", "create"), ("ServiceAccount", "tiny-trainer", "create"),
+        ("Role", "tiny-trainer", "create"), ("RoleBinding", "tiny-trainer", "create"), ("RayJob", "tiny", "create"),
+        (api.KIND, "tiny", "patch status")]
+    job = get_job(kube, namespace, "tiny")
+    assert phase(job) == ("Pending", "RayJobCreated")
+    assert_one_of_each(kube, namespace, "tiny", created["metadata"]["uid"])
+    assert posted(kube, job) == [("Normal", "RayJobCreated")]
+
+    operator_client.writes.clear()
+    reconcile.reconcile(kopf.Body(job))
+    assert operator_client.writes == []  # nothing created or written, not even a no-op
+    assert posted(kube, job) == [("Normal", "RayJobCreated")]  # nor posted again
+
+
+def test_a_status_write_conflict_is_recomputed_and_posted_once(kube, namespace, trainer, monkeypatch):
+    stale = create_job(kube, namespace, rlhf_job("tiny"))
+    racing = RacingKube(kube.api_client, trainer, races=1)
+    racing.report_progress(namespace, "tiny")  # after the operator's copy was read: it is stale
+    use_client(monkeypatch, racing)
+    reconcile.reconcile(kopf.Body(stale))
+
+    assert racing.conflicts == 2  # the stale copy, and the re-read the trainer overtook
+    status = get_job(kube, namespace, "tiny")["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "RayJobCreated")
+    assert status["progress"]["step"] == racing.steps == 2  # the trainer's fields stay
+    assert posted(kube, stale) == [("Normal", "RayJobCreated")]
+
+
+def test_a_job_that_keeps_changing_is_retried_later(kube, namespace, trainer, monkeypatch):
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    racing = RacingKube(kube.api_client, trainer, races=reconcile.STATUS_WRITE_ATTEMPTS)
+    racing.report_progress(namespace, "tiny")
+    use_client(monkeypatch, racing)
+    with pytest.raises(kopf.TemporaryError, match="kept changing"):
+        reconcile.reconcile(kopf.Body(created))
+    assert racing.conflicts == reconcile.STATUS_WRITE_ATTEMPTS
+    status = get_job(kube, namespace, "tiny")["status"]
+    assert status.keys() == {"progress"} and status["progress"]["step"] == racing.steps
+    assert posted(kube, created) == []
+
+    # kopf retries the handler with the job as it is now.
+    use_client(monkeypatch, kube)
+    reconcile.reconcile(kopf.Body(get_job(kube, namespace, "tiny")))
+    assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
+    assert_one_of_each(kube, namespace, "tiny", created["metadata"]["uid"])
+    assert posted(kube, created) == [("Normal", "RayJobCreated")]
+
+
+def delete_job(kube: Kube, namespace: str, job: dict[str, Any]) -> None:
+    """Delete the job (no operator runs, so no finalizer holds it); the garbage collector takes its children."""
+    kube.delete(api.KIND, namespace, job["metadata"]["name"], job["metadata"]["uid"])
+    wait_gone(kube, api.KIND, namespace, job["metadata"]["name"])
+
+
+def test_leftover_child_of_a_deleted_job_is_waited_for(kube, namespace):
+    old = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(old))
+    # A finalizer holds the old ConfigMap for as long as the test needs the garbage collector to be slow.
+    kube.patch("ConfigMap", namespace, "tiny-config", {"metadata": {"finalizers": [HOLD]}})
+    delete_job(kube, namespace, old)
+    wait_for(lambda: kube.get("ConfigMap", namespace, "tiny-config")["metadata"].get("deletionTimestamp"), 30,
+             "the garbage collector to delete the old ConfigMap")
+
+    new = create_job(kube, namespace, rlhf_job("tiny"))
+    try:
+        with pytest.raises(kopf.TemporaryError, match="garbage-collected"):
+            reconcile.reconcile(kopf.Body(new))
+        assert "status" not in get_job(kube, namespace, "tiny")
+        leftover = kube.get("ConfigMap", namespace, "tiny-config")
+        assert [ref["uid"] for ref in leftover["metadata"]["ownerReferences"]] == [old["metadata"]["uid"]]
+        ray_job = kube.get("RayJob", namespace, "tiny")
+        assert ray_job is None or ray_job["metadata"]["ownerReferences"][0]["uid"] == old["metadata"]["uid"]
+    finally:
+        kube.patch("ConfigMap", namespace, "tiny-config", {"metadata": {"finalizers": None}})
+
+    # Once the garbage collector is done, the retry goes ahead.
+    wait_for(lambda: not any(children(kube, namespace, "tiny").values()), 60, "the old job's children to be deleted")
+    reconcile.reconcile(kopf.Body(get_job(kube, namespace, "tiny")))
+    assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
+    assert_one_of_each(kube, namespace, "tiny", new["metadata"]["uid"])
+    assert posted(kube, new) == [("Normal", "RayJobCreated")]
+
+
+def test_ray_job_events_of_a_deleted_job_of_the_same_name_are_ignored(kube, namespace, operator_client):
+    old = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(old))
+    RayJobStatus(kube, namespace, "tiny").initializing()
+    old_running = RayJobStatus(kube, namespace, "tiny").running()  # as the watch delivers it
+    delete_job(kube, namespace, old)
+    wait_gone(kube, "RayJob", namespace, "tiny")
+
+    new = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(new))
+    operator_client.writes.clear()
+    # Delivered late, after the job was re-created: they are about the old job's RayJob.
+    reconcile.on_ray_job_event("MODIFIED", kopf.Body(old_running))
+    reconcile.on_ray_job_event("DELETED", kopf.Body(old_running))
+    assert operator_client.writes == []  # not mirrored, nothing recreated
+    assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
+    assert posted(kube, new) == [("Normal", "RayJobCreated")]
+
+    # The new job's own RayJob is followed.
+    reconcile.on_ray_job_event("MODIFIED", kopf.Body(RayJobStatus(kube, namespace, "tiny").initializing()))
+    assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
+
+
+def dry_run_refused(kube: Kube, namespace: str, job: dict[str, Any]) -> bool:
+    try:
+        kube._request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}", job,
+                      query=[("dryRun", "All")])
+    except ApiException as error:
+        if error.status == 422:
+            return True
+        raise
+    return False
+
+
+@pytest.fixture
+def looser_crd_release(kube_api, kube: Kube, namespace: str) -> Iterator[Any]:
+    """The RLHFJob CRD of a release with no minimum for spec.rollout.samplesPerPrompt; call the
+    returned function to install this release's CRD again (and wait until the API server applies it)."""
+    probe = rlhf_job("probe", rollout={"samplesPerPrompt": 0})
+    probe["metadata"]["namespace"] = namespace
+    kube_api.apiextensions.patch_custom_resource_definition(
+        CRD, [{"op": "test", "path": SAMPLES_MINIMUM, "value": 1}, {"op": "remove", "path": SAMPLES_MINIMUM}])
+    restored = False
+
+    def restore() -> None:
+        nonlocal restored
+        if not restored:
+            kube_api.apiextensions.patch_custom_resource_definition(
+                CRD, [{"op": "add", "path": SAMPLES_MINIMUM, "value": 1}])
+            restored = True
+        wait_for(lambda: dry_run_refused(kube, namespace, probe), 30, "the API server to apply the CRD")
+
+    try:
+        wait_for(lambda: not dry_run_refused(kube, namespace, probe), 30, "the API server to apply the looser CRD")
+        yield restore
+    finally:
+        restore()
+
+
+def test_a_stored_spec_the_operator_cannot_parse_fails_with_the_fields_to_fix(kube, namespace, looser_crd_release):
+    # Stored under the looser CRD; this release's CRD, installed with the operator, refuses it.
+    created = create_job(kube, namespace, rlhf_job("tiny", rollout={"samplesPerPrompt": 0}))
+    looser_crd_release()
+    reconcile.reconcile(kopf.Body(get_job(kube, namespace, "tiny")))
+
+    status = get_job(kube, namespace, "tiny")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+    assert "spec.rollout.samplesPerPrompt" in status["message"]
+    assert not any(children(kube, namespace, "tiny").values())
+    assert posted(kube, created) == [("Warning", "InvalidSpec")]
+
+
+def test_finished_and_deleted_jobs_are_left_alone(kube, namespace, operator_client):
+    finished = create_job(kube, namespace, rlhf_job("done"))
+    finished = kube.patch(api.KIND, namespace, "done", {"status": {"phase": "Succeeded", "reason": "Completed"}},
+                          subresource="status")
+    # kopf's finalizer keeps a deleted job while the operator still has work on it.
+    going = rlhf_job("going")
+    going["metadata"]["finalizers"] = [operator_settings.FINALIZER]
+    going = create_job(kube, namespace, going)
+    kube.delete(api.KIND, namespace, "going", going["metadata"]["uid"])
+    going = get_job(kube, namespace, "going")
+    assert going["metadata"]["deletionTimestamp"]
+    try:
+        reconcile.reconcile(kopf.Body(finished))
+        reconcile.reconcile(kopf.Body(going))
+        assert operator_client.writes == []
+        assert not any(children(kube, namespace, "done").values())
+        assert not any(children(kube, namespace, "going").values())
+        assert posted(kube, finished) == [] and posted(kube, going) == []
+    finally:
+        kube.patch(api.KIND, namespace, "going", {"metadata": {"finalizers": None}})
