@@ -16,8 +16,10 @@ pytestmark = pytest.mark.timeout(900)
 # algorithm -> (spec overrides, steps, required gain of the 5-step mean reward)
 CASES = {
     "grpo": ({}, 30, 0.1),
-    # ZeRO-3 for the actor, the critic (a value head on the actor) and the reference.
-    "ppo": ({"training.zeroStage": 3, "training.criticLearningRate": 5.0e-3}, 30, 0.1),
+    # ZeRO-3 for the actor, the critic (a value head on the actor) and the reference, which shares
+    # the actor's bundle.
+    "ppo": ({"training.zeroStage": 3, "training.criticLearningRate": 5.0e-3, "training.colocation": "actor-reference"},
+            30, 0.1),
     "reinforce++": ({"rollout.samplesPerPrompt": 4, "training.rolloutBatchSize": 32}, 20, 0.03),
     # Rollouts generated one update ahead of training.
     "rloo": ({"training.asyncQueueSize": 1}, 20, 0.03),

@@ -56,7 +56,8 @@ def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):
 
 
 def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job, tiny_model, tmp_path):
-    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2})
+    # Every model and the vLLM engine on one bundle: the hybrid engine's placement.
+    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2, "training.colocation": "all"})
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],

@@ -57,8 +57,8 @@ def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
     actor = ModelGroup("actor", group, placement)
     training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
                             train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
-    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=ModelSpec(path=str(tiny_model), dtype="float32"),
-                            training=training, optimizer_steps=2)))
+    model = ModelSpec(path=str(tiny_model), dtype="float32")
+    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training, optimizer_steps=2)))
     [engine] = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
                                       max_model_len=256, seed=0)
     before, _ = _vllm_greedy(engine, prompt_ids)

@@ -35,8 +35,8 @@ def _actor_group(model_path, ranks: int) -> ModelGroup:
         zero_stage=3, bf16=False, learning_rate=1e-3, lr_warmup_ratio=0, lr_scheduler="constant",
         train_batch_size=8, micro_train_batch_size=2, micro_rollout_batch_size=2,
     )
-    ray.get(group.setup(ModelConfig(role="actor", path=str(model_path), model=ModelSpec(path=str(model_path), dtype="float32"),
-                            training=training, optimizer_steps=4)))
+    model = ModelSpec(path=str(model_path), dtype="float32")
+    ray.get(group.setup(ModelConfig(role="actor", path=str(model_path), model=model, training=training, optimizer_steps=4)))
     return group
 
 

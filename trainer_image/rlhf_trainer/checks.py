@@ -32,7 +32,8 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     for role in ("actor", "critic", "reference", "reward"):
         model = getattr(spec.models, role)
         if model is not None and model.lora is not None:
-            refuse(f"spec.models.{role}.lora", "LoRA is not supported by the trainer yet: remove lora to train all weights")
+            refuse(f"spec.models.{role}.lora",
+                   "LoRA is not supported by the trainer yet: remove lora to train all weights")
     if not uses_gpus(spec) and spec.rollout.tensor_parallel_size > 1:
         refuse("spec.rollout.tensorParallelSize",
                "tensor parallelism splits a vLLM engine over GPUs: set resources.gpusPerNode > 0, or 1 on CPU")

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from rlhf_operator.api.validation import InvalidJob, validate
 from .reporting import JsonlWriter, MultiReporter, ProgressBar, Reporter, TensorBoardWriter
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+WORKERS_TIMEOUT = 300  # seconds a joined cluster's workers get to register before the job is refused
 
 
 def default_reporters(output_dir: Path, job_name: str) -> list[Reporter]:
@@ -29,8 +31,9 @@ def default_reporters(output_dir: Path, job_name: str) -> list[Reporter]:
     from .kube_status import KubernetesStatusReporter
     from .prometheus import PrometheusReporter
 
-    reporters = [ProgressBar(job_name), JsonlWriter(output_dir / "metrics.jsonl"), TensorBoardWriter(output_dir / "tensorboard")]
-    return reporters + [r for r in (KubernetesStatusReporter.from_environment(), PrometheusReporter.from_environment()) if r]
+    local = [ProgressBar(job_name), JsonlWriter(output_dir / "metrics.jsonl"), TensorBoardWriter(output_dir / "tensorboard")]
+    in_cluster = [KubernetesStatusReporter.from_environment(), PrometheusReporter.from_environment()]
+    return local + [reporter for reporter in in_cluster if reporter is not None]
 
 
 def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: str | None = None,
@@ -73,7 +76,7 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, placement.bundles), include_dashboard=False,
                      _temp_dir=ray_dir)
             started_ray = True
-        check_cluster(job.spec, placement, ray.cluster_resources())
+        check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if started_ray else WORKERS_TIMEOUT))
 
         from .trainer import Trainer
 
@@ -98,3 +101,17 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             shutil.rmtree(ray_dir, ignore_errors=True)
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK
+
+
+def _cluster_resources(placement, wait: float) -> dict[str, float]:
+    """The Ray cluster's resources, once it has a bundle's worth per rank or after `wait` seconds
+    (a RayJob's entrypoint may start before every worker pod has joined)."""
+    import ray
+
+    kind = "GPU" if placement.use_gpu else "CPU"
+    deadline = time.monotonic() + wait
+    while True:
+        resources = ray.cluster_resources()
+        if resources.get(kind, 0) >= placement.bundles or time.monotonic() >= deadline:
+            return resources
+        time.sleep(2)

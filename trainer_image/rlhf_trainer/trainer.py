@@ -44,7 +44,14 @@ from .losses import masked_mean
 from .paths import resolve
 from .reporting import Reporter
 from .rewards import build_reward
-from .workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines, mean_metrics
+from .workers.group import (
+    ROLLOUT,
+    ModelGroup,
+    Placement,
+    create_placement_group,
+    create_rollout_engines,
+    mean_metrics,
+)
 from .workers.model_worker import ModelConfig
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
@@ -105,7 +112,7 @@ class Trainer:
 
     def _start_workers(self) -> None:
         placement, group = self.placement, self.placement_group
-        self.groups = {role: ModelGroup(role, group, placement) for role in placement.ranks if role != "rollout"}
+        self.groups = {role: ModelGroup(role, group, placement) for role in placement.ranks if role != ROLLOUT}
         setups = [ref for role, g in self.groups.items() for ref in g.setup(self._model_config(role))]
         self.engines = create_rollout_engines(  # they start while the model groups load
             group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,

@@ -51,7 +51,8 @@ class Placement:
 
 
 def roles_of(spec: RLHFJobSpec) -> list[str]:
-    """The model groups a job needs: the reference only with a KL penalty, the reward model only when a source uses it."""
+    """The model groups a job needs: the reference only with a KL penalty, the reward model only
+    when a reward source uses it."""
     roles = ["actor"]
     if spec.training.kl.coef > 0:
         roles.append("reference")

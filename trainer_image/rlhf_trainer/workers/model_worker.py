@@ -103,7 +103,7 @@ class ModelWorker:
 
     def setup(self, cfg: ModelConfig, master_addr: str, master_port: int) -> None:
         import deepspeed
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, get_scheduler
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
         from transformers.integrations import HfDeepSpeedConfig
 
         self.cfg = cfg
@@ -123,25 +123,26 @@ class ModelWorker:
         else:
             model = ValueModel(AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load))
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
-        if cfg.model.gradient_checkpointing and cfg.role in TRAINED_ROLES:
+        trainable = cfg.role in TRAINED_ROLES
+        if not trainable:
+            model.requires_grad_(False)
+        elif cfg.model.gradient_checkpointing:
             hf_model = model if cfg.role == "actor" else model.classifier
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+                                               lr_scheduler=self._lr_scheduler if trainable else None)
+        self.engine.train(trainable)
 
-        scheduler = None
-        if cfg.role in TRAINED_ROLES:
-            training = cfg.training
+    def _lr_scheduler(self, optimizer):
+        from transformers import get_scheduler
 
-            def scheduler(optimizer):
-                return get_scheduler(
-                    SCHEDULERS[training.lr_scheduler], optimizer,
-                    num_warmup_steps=math.ceil(training.lr_warmup_ratio * cfg.optimizer_steps),
-                    num_training_steps=cfg.optimizer_steps,
-                    scheduler_specific_kwargs={"min_lr_rate": MIN_LR_RATE} if training.lr_scheduler == "cosine_with_min_lr" else None,
-                )
-        else:
-            model.requires_grad_(False)
-        self.engine, *_ = deepspeed.initialize(model=model, config=ds_config, lr_scheduler=scheduler)
-        self.engine.train(cfg.role in TRAINED_ROLES)
+        training, steps = self.cfg.training, self.cfg.optimizer_steps
+        cosine = training.lr_scheduler == "cosine_with_min_lr"
+        return get_scheduler(
+            SCHEDULERS[training.lr_scheduler], optimizer,
+            num_warmup_steps=math.ceil(training.lr_warmup_ratio * steps), num_training_steps=steps,
+            scheduler_specific_kwargs={"min_lr_rate": MIN_LR_RATE} if cosine else None,
+        )
 
     # -- forward passes --------------------------------------------------------------------------
 
@@ -168,7 +169,8 @@ class ModelWorker:
             if self.cfg.role == "critic":
                 outputs.append(self._action_values(seq, mask, num_actions).cpu())
             else:
-                outputs.append(token_log_probs(self._action_logits(seq, mask, num_actions), seq[:, -num_actions:]).cpu())
+                logits = self._action_logits(seq, mask, num_actions)
+                outputs.append(token_log_probs(logits, seq[:, -num_actions:]).cpu())
         return torch.cat(outputs)
 
     @torch.no_grad()
@@ -216,8 +218,8 @@ class ModelWorker:
             dual_clip=training.dual_clip, aggregation=training.loss_aggregation,
         )
         loss = policy.loss
-        metrics = {"policy_loss": float(policy.loss), "clip_fraction": float(policy.clip_fraction),
-                   "approx_kl": float(policy.approx_kl)}
+        metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
+        metrics["policy_loss"] = metrics.pop("loss")
         if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
             kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
             loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, training.loss_aggregation)
@@ -235,7 +237,8 @@ class ModelWorker:
                             clip_eps=self.cfg.training.value_clip, aggregation=self.cfg.training.loss_aggregation)
         self.engine.backward(result.loss)
         self.engine.step()
-        return {"value_loss": float(result.loss), "value_clip_fraction": float(result.clip_fraction)}
+        metrics = result.metrics()
+        return {"value_loss": metrics["loss"], "value_clip_fraction": metrics["clip_fraction"]}
 
     # -- weights out -----------------------------------------------------------------------------
 

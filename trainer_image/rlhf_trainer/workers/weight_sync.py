@@ -57,7 +57,8 @@ def broadcast_parameters(worker, engines: list, dtype: torch.dtype) -> None:
     """Runs on every actor rank (the gather is collective); rank 0 broadcasts each parameter."""
     for name, tensor in worker.named_full_parameters(dtype):
         if worker.rank == 0:
-            received = [e.receive_weight.remote(name, str(dtype).removeprefix("torch."), tuple(tensor.shape)) for e in engines]
+            dtype_name = str(dtype).removeprefix("torch.")
+            received = [e.receive_weight.remote(name, dtype_name, tuple(tensor.shape)) for e in engines]
             worker.sync_group.broadcast(tensor.contiguous(), src=0, stream=torch.cuda.current_stream())
             ray.get(received)
 
@@ -74,5 +75,5 @@ class WeightSyncExtension:
     def receive_weight(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
         weight = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
         self.weight_sync_group.broadcast(weight, src=0, stream=torch.cuda.current_stream())
-        self.model_runner.model.load_weights(weights=[(name, weight)])
+        self.model_runner.get_model().load_weights(weights=[(name, weight)])
 
