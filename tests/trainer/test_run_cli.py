@@ -22,8 +22,12 @@ INVALID = {
     "tensor parallel on CPU": ({"rollout.tensorParallelSize": 2}, "spec.rollout.tensorParallelSize"),
     "micro-batches that do not divide": ({"training.microTrainBatchSize": 48}, "spec.training.trainBatchSize"),
     "LoRA": ({"models.actor.lora": {"rank": 8}}, "spec.models.actor.lora"),
-    "offline algorithm": ({"algorithm": "dpo", "reward": None,
-                           "data.preferences": {"sources": [{"path": "tiny/prompts.jsonl"}]}}, "spec.algorithm"),
+    "offline algorithm not implemented yet": ({"algorithm": "kto", "reward": None, "data.prompts": None,
+                                               "data.preferences": {"sources": [{"path": "tiny/prompts.jsonl"}]}},
+                                              "spec.algorithm"),
+    "offline prompt leaving no room for the response": ({"algorithm": "sft", "reward": None, "data.prompts": None,
+                                                         "data.sft": {"sources": [{"path": "tiny/prompts.jsonl"}]},
+                                                         "data.maxTokens": 64}, "spec.data.maxPromptTokens"),
     "schema rule (CEL)": ({"rollout.samplesPerPrompt": 1}, "spec.rollout.samplesPerPrompt"),
     "GPUs the cluster lacks": ({"resources.gpusPerNode": 4}, "spec.resources.gpusPerNode"),
 }
@@ -44,6 +48,13 @@ def test_context_longer_than_the_model_is_refused(toy_job, tmp_path, capsys):
     job = toy_job(**{"rollout.maxNewTokens": 1000})  # the tiny model has 512 positions
     assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
     assert "spec.rollout.maxNewTokens" in capsys.readouterr().err
+
+
+def test_offline_context_longer_than_the_model_is_refused(toy_job, tmp_path, capsys):
+    job = toy_job(**{"algorithm": "sft", "reward": None, "data.prompts": None, "data.maxTokens": 1024,
+                     "data.sft": {"sources": [{"path": "tiny/prompts.jsonl"}], "outputKey": "label"}})
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "spec.data.maxTokens" in capsys.readouterr().err
 
 
 def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):

