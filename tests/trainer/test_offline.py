@@ -102,3 +102,35 @@ def test_sft_lowers_the_response_nll(tiny_model, local_ray, tmp_path, capsys):
         print(f"\nsft: response NLL per token {nll}; training loss {[round(m['loss'], 3) for m in metrics]}")
     assert nll["after"] < 0.5 * nll["before"], nll
     assert metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+# algorithm -> training overrides; every one must make chosen beat rejected on its held-in pairs
+PREFERENCE_CASES = {
+    "dpo": ({"learningRate": 3.0e-3, "epochs": 6, "maxSteps": 24, "preference": {"beta": 0.5}}, 0.9),
+    # Shorter runs: the same loop, another entry of PREFERENCE_LOSSES.
+    "ipo": ({"learningRate": 3.0e-3, "epochs": 4, "maxSteps": 16, "preference": {"beta": 0.5}}, 0.75),
+    "cdpo": ({"learningRate": 3.0e-3, "epochs": 4, "maxSteps": 16, "preference": {"beta": 0.5, "labelSmoothing": 0.1}},
+             0.75),
+}
+
+
+@pytest.mark.parametrize("algorithm", PREFERENCE_CASES)
+def test_preference_training_raises_the_implicit_reward_margin(algorithm, tiny_model, local_ray, tmp_path, capsys):
+    overrides, accuracy = PREFERENCE_CASES[algorithm]
+    records = _pair_records(64)
+    job = _write_job(tmp_path, tiny_model, algorithm, "preferences", records, **overrides)
+    metrics = _run(job, tmp_path / "out")
+    assert {"loss", "learning_rate", "reward_accuracy", "reward_margin"} <= metrics[0].keys()
+
+    dataset, pad = _dataset(tiny_model, records, ("chosen", "rejected"), tmp_path)
+    reference, _ = _response_logps(tiny_model, dataset, pad)
+    policy, _ = _response_logps(tmp_path / "out" / "checkpoints" / "final", dataset, pad)
+    implicit = policy - reference  # [pairs, (chosen, rejected)]; beta left out
+    margin = implicit[:, 0] - implicit[:, 1]
+    held_in = {"margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item()}
+    with capsys.disabled():
+        print(f"\n{algorithm}: held-in implicit reward margin/accuracy {held_in} (0 and 0 before training); "
+              f"training loss {[round(m['loss'], 3) for m in metrics]}, "
+              f"batch accuracy {[round(m['reward_accuracy'], 2) for m in metrics]}")
+    assert held_in["margin"] > 0 and held_in["accuracy"] >= accuracy, held_in
+    assert metrics[-1]["loss"] < metrics[0]["loss"]

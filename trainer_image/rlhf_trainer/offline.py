@@ -65,8 +65,8 @@ PREFERENCE = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "ac
                     _preference_options, uses_reference=True)
 REWARD_MODEL = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "rm", "pairwise", lambda spec: {})
 
-# algorithm -> family; what is missing here is refused by checks.py (not yet tested: dpo, ipo, cdpo, rm; kto).
-OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT}
+# algorithm -> family; what is missing here is refused by checks.py (not yet tested: rm; kto).
+OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT, "dpo": PREFERENCE, "ipo": PREFERENCE, "cdpo": PREFERENCE}
 
 
 class OfflineTrainer:
