@@ -134,3 +134,36 @@ def test_preference_training_raises_the_implicit_reward_margin(algorithm, tiny_m
               f"batch accuracy {[round(m['reward_accuracy'], 2) for m in metrics]}")
     assert held_in["margin"] > 0 and held_in["accuracy"] >= accuracy, held_in
     assert metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+def _ranking_accuracy(model_dir: Path, records: list[dict]) -> float:
+    """How often the reward model, served as a `type: model` reward source, scores chosen above rejected."""
+    from rlhf_trainer.data import render_prompt
+    from rlhf_trainer.rewards.model import RewardModelScorer
+
+    scorer = RewardModelScorer(str(model_dir), device="cpu")
+    prompts = [render_prompt(r["prompt"], scorer.tokenizer, True) for r in records]
+    chosen = scorer(prompts, [r["chosen"] for r in records])
+    rejected = scorer(prompts, [r["rejected"] for r in records])
+    return (chosen > rejected).float().mean().item()
+
+
+def _mixed_pair_records(count: int) -> list[dict]:
+    """Chosen repeats the prompt's letter; rejected mixes it with another (a reward a tiny
+    classifier can learn in a few steps; telling one repeated letter from another takes longer)."""
+    return [{**r, "rejected": r["chosen"][:2] + r["rejected"][:2]} for r in _pair_records(count)]
+
+
+def test_reward_model_learns_to_rank_chosen_above_rejected(tiny_reward_model, local_ray, tmp_path, capsys):
+    records = _mixed_pair_records(64)
+    job = _write_job(tmp_path, tiny_reward_model, "rm", "preferences", records,
+                     learningRate=1.0e-3, epochs=4, maxSteps=16)
+    metrics = _run(job, tmp_path / "out")
+    assert {"loss", "learning_rate", "reward_accuracy", "reward_margin"} <= metrics[0].keys()
+
+    accuracy = {"before": _ranking_accuracy(tiny_reward_model, records),
+                "after": _ranking_accuracy(tmp_path / "out" / "checkpoints" / "final", records)}
+    with capsys.disabled():
+        print(f"\nrm: held-in ranking accuracy {accuracy}; training loss {[round(m['loss'], 3) for m in metrics]}")
+    assert accuracy["after"] >= 0.8 and accuracy["after"] > accuracy["before"] + 0.2, accuracy
+    assert metrics[-1]["loss"] < metrics[0]["loss"]

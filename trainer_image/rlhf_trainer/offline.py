@@ -65,8 +65,10 @@ PREFERENCE = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "ac
                     _preference_options, uses_reference=True)
 REWARD_MODEL = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "rm", "pairwise", lambda spec: {})
 
-# algorithm -> family; what is missing here is refused by checks.py (not yet tested: rm; kto).
-OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT, "dpo": PREFERENCE, "ipo": PREFERENCE, "cdpo": PREFERENCE}
+# algorithm -> family; what is missing here is refused by checks.py (kto: unpaired data and
+# mismatched KL pairs, not written yet).
+OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT, "dpo": PREFERENCE, "ipo": PREFERENCE, "cdpo": PREFERENCE,
+                                       "rm": REWARD_MODEL}
 
 
 class OfflineTrainer:
