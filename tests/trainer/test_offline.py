@@ -1,6 +1,7 @@
 """The offline algorithms train through `rlhf run` (tiny model, CPU, toy letter data written here):
-sft lowers the response NLL, dpo raises the implicit reward margin of chosen over rejected, and a
-reward model trained with rm ranks chosen above rejected far more often than chance."""
+sft lowers the response NLL, dpo/ipo/cdpo/kto raise the implicit reward margin of chosen over
+rejected on held-in pairs, and a reward model trained with rm ranks chosen above rejected far more
+often than chance."""
 
 from __future__ import annotations
 
@@ -166,4 +167,30 @@ def test_reward_model_learns_to_rank_chosen_above_rejected(tiny_reward_model, lo
     with capsys.disabled():
         print(f"\nrm: held-in ranking accuracy {accuracy}; training loss {[round(m['loss'], 3) for m in metrics]}")
     assert accuracy["after"] >= 0.8 and accuracy["after"] > accuracy["before"] + 0.2, accuracy
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+def test_kto_on_flagged_responses_raises_the_implicit_reward_margin(tiny_model, local_ray, tmp_path, capsys):
+    pairs = _pair_records(64)
+    # Unpaired: each prompt with one response, desirable or not, half and half.
+    flagged = [{"prompt": p["prompt"], "response": p["chosen"] if i % 2 else p["rejected"], "desirable": bool(i % 2)}
+               for i, p in enumerate(pairs)]
+    job = _write_job(tmp_path, tiny_model, "kto", "preferences", flagged,
+                     learningRate=3.0e-3, epochs=4, maxSteps=16, preference={"beta": 0.5})
+    job_dict = yaml.safe_load(job.read_text())
+    job_dict["spec"]["data"]["preferences"].update(outputKey="response", labelKey="desirable")
+    job.write_text(yaml.safe_dump(job_dict))
+    metrics = _run(job, tmp_path / "out")
+    assert {"loss", "learning_rate", "reward_margin", "kto_reference_point"} <= metrics[0].keys()
+
+    dataset, pad = _dataset(tiny_model, pairs, ("chosen", "rejected"), tmp_path)
+    reference, _ = _response_logps(tiny_model, dataset, pad)
+    policy, _ = _response_logps(tmp_path / "out" / "checkpoints" / "final", dataset, pad)
+    implicit = policy - reference
+    margin = implicit[:, 0] - implicit[:, 1]  # on the full pairs: half of each was never seen
+    held_in = {"margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item()}
+    with capsys.disabled():
+        print(f"\nkto: implicit reward margin/accuracy on the pairs {held_in} (0 and 0 before training); "
+              f"training loss {[round(m['loss'], 3) for m in metrics]}")
+    assert held_in["margin"] > 0 and held_in["accuracy"] >= 0.75, held_in
     assert metrics[-1]["loss"] < metrics[0]["loss"]

@@ -1,4 +1,4 @@
-"""The offline algorithms: sft, dpo, ipo, cdpo and rm, trained on a dataset (no rollouts, no vLLM).
+"""The offline algorithms: sft, dpo, ipo, cdpo, kto and rm, trained on a dataset (no rollouts, no vLLM).
 
 Each step is one optimizer step over training.trainBatchSize examples (pairs, for the preference
 algorithms), split evenly over the trained group's ranks and into microTrainBatchSize
@@ -8,6 +8,8 @@ micro-batches; training.epochs passes over the dataset, capped by training.maxSt
 - dpo, ipo, cdpo: the actor against a frozen reference (spec.models.reference, else the actor's
   initial weights) on the summed log-probs of chosen and rejected responses, with
   losses.PREFERENCE_LOSSES[algorithm]; data.preferences pairs.
+- kto: the same with losses.kto_loss on desirable/undesirable responses (records with a
+  desirable flag in labelKey, or pairs), its reference point z0 from mismatched pairs of each step.
 - rm: a sequence classifier (spec.models.actor, a fresh score head if it is a causal LM) scored
   at the last token of prompt + response + eos, as rewards/model.py reads it, with the pairwise
   (Bradley-Terry) loss; exported in Hugging Face format, ready to serve as spec.models.reward.
@@ -32,7 +34,7 @@ from rlhf_operator.api.v1alpha1 import RLHFJob, RLHFJobSpec
 from . import checkpoint
 from .data import PromptLoader
 from .losses import PreferenceConfig, masked_sum
-from .offline_data import OfflineDataset, OfflineExample, pack
+from .offline_data import OfflineDataset, OfflineExample, mismatched, pack
 from .paths import resolve
 from .reporting import Reporter
 from .workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
@@ -51,6 +53,8 @@ class Family:
     objective: str  # model_worker.OFFLINE_OBJECTIVES key
     options: Callable[[RLHFJobSpec], dict]  # the objective's options
     uses_reference: bool = False
+    flag_key: Callable = lambda d: None  # DatasetSpec -> the record key of a desirable flag
+    kl_pairs: bool = False  # kto: the reference point from mismatched (prompt, response) pairs
 
 
 def _preference_options(spec: RLHFJobSpec) -> dict:
@@ -64,11 +68,14 @@ SFT = Family("sft", lambda d: (d.output_key,), "actor", "sft", lambda spec: {})
 PREFERENCE = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "actor", "preference",
                     _preference_options, uses_reference=True)
 REWARD_MODEL = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "rm", "pairwise", lambda spec: {})
+# kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
+# desirable and one undesirable response).
+KTO = Family("preferences", lambda d: (d.output_key,) if d.label_key else (d.chosen_key, d.rejected_key), "actor",
+             "preference", _preference_options, uses_reference=True, flag_key=lambda d: d.label_key, kl_pairs=True)
 
-# algorithm -> family; what is missing here is refused by checks.py (kto: unpaired data and
-# mismatched KL pairs, not written yet).
+# algorithm -> family; an algorithm missing here is refused by checks.py.
 OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT, "dpo": PREFERENCE, "ipo": PREFERENCE, "cdpo": PREFERENCE,
-                                       "rm": REWARD_MODEL}
+                                       "kto": KTO, "rm": REWARD_MODEL}
 
 
 class OfflineTrainer:
@@ -88,7 +95,8 @@ class OfflineTrainer:
         data_spec = getattr(self.spec.data, self.family.dataset)
         dataset = OfflineDataset.from_spec(
             data_spec, self.spec.data, self.tokenizer, response_keys=self.family.response_keys(data_spec),
-            base_dir=self.base_dir, seed=self.training.seed, name=self.family.dataset)
+            base_dir=self.base_dir, seed=self.training.seed, name=self.family.dataset,
+            flag_key=self.family.flag_key(data_spec))
         if len(dataset) < self.training.train_batch_size:
             raise ValueError(f"data.{self.family.dataset} has {len(dataset)} records, fewer than one optimizer step "
                              f"of training.trainBatchSize={self.training.train_batch_size}: lower it or add records")
@@ -152,13 +160,14 @@ class OfflineTrainer:
     def _train_step(self, examples: list[OfflineExample], options: dict) -> list[ray.ObjectRef]:
         """The examples split over the trained group's ranks, in micro-batches; each rank's metrics."""
         reference = self._reference_logps(examples) if self.family.uses_reference else None
+        kl_logps = self._kl_logps(examples) if self.family.kl_pairs else None
         micro = self.training.micro_train_batch_size
         per_rank = torch.arange(len(examples)).chunk(self.trained.size)
         calls = []
         for worker, rows in zip(self.trained.workers, per_rank):
             batches = [
                 pack([examples[i] for i in part], self.pad_token_id,
-                     reference[part] if reference is not None else None)
+                     reference[part] if reference is not None else None, kl_logps)
                 for part in rows.split(micro)
             ]
             calls.append(worker.train_offline.remote(batches, self.family.objective, options))
@@ -170,6 +179,14 @@ class OfflineTrainer:
         token_logps = self.groups["reference"].forward(batch.sequences, batch.attention_mask, batch.num_actions)
         summed = masked_sum(token_logps, batch.action_mask, dim=-1)  # response-major rows
         return summed.view(len(examples[0].responses), len(examples)).T
+
+    def _kl_logps(self, examples: list[OfflineExample]) -> torch.Tensor:
+        """kto: the mean summed log-prob of the step's mismatched pairs under the policy (before the
+        step; the loss detaches it) and under the reference, [2]: the same reference point on every rank."""
+        batch = pack(mismatched(examples), self.pad_token_id)
+        means = [masked_sum(self.groups[role].forward(batch.sequences, batch.attention_mask, batch.num_actions),
+                            batch.action_mask, dim=-1).mean() for role in ("actor", "reference")]
+        return torch.stack(means)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

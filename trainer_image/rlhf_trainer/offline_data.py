@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 class OfflineExample:
     prompt_token_ids: list[int]
     responses: tuple[list[int], ...]  # sft: (response,); pairs: (chosen, rejected); each ends with eos
+    desirable: bool | None = None  # kto records with a desirable flag (labelKey): whether the response is
 
 
 @dataclass
@@ -42,6 +43,8 @@ class OfflineBatch:
     attention_mask: Tensor
     action_mask: Tensor
     reference_logps: Tensor | None = None  # [R] summed response log-probs under the reference (preference losses)
+    desirable: Tensor | None = None  # [R] bool: chosen/desirable rows (preference losses)
+    kl_logps: Tensor | None = None  # [2] kto: mean log pi and log pi_ref of the step's mismatched pairs
 
     @property
     def num_actions(self) -> int:
@@ -52,8 +55,11 @@ class OfflineBatch:
                                 if getattr(self, f.name) is not None})
 
 
-def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Tensor | None = None) -> OfflineBatch:
-    """One batch of the examples; reference_logps [len(examples), responses per example] when known."""
+def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Tensor | None = None,
+         kl_logps: Tensor | None = None) -> OfflineBatch:
+    """One batch of the examples; reference_logps [len(examples), responses per example] when known.
+
+    Rows are desirable when they are the first of a pair, or flagged desirable."""
     rows = [(e.prompt_token_ids, e.responses[k]) for k in range(len(examples[0].responses)) for e in examples]
     width = max(len(prompt) for prompt, _ in rows)
     num_actions = max(len(response) for _, response in rows)
@@ -71,7 +77,17 @@ def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Ten
     ])
     action_mask = attention_mask[:, width:].bool()
     reference = reference_logps.T.reshape(-1) if reference_logps is not None else None
-    return OfflineBatch(sequences, attention_mask, action_mask, reference)
+    if examples[0].desirable is None:
+        desirable = torch.tensor([k == 0 for k in range(len(examples[0].responses)) for _ in examples])
+    else:
+        desirable = torch.tensor([bool(e.desirable) for e in examples])
+    return OfflineBatch(sequences, attention_mask, action_mask, reference, desirable, kl_logps)
+
+
+def mismatched(examples: list[OfflineExample]) -> list[OfflineExample]:
+    """Each prompt with the next example's first response (kto's KL pairs (x, y'))."""
+    return [OfflineExample(e.prompt_token_ids, (examples[(i + 1) % len(examples)].responses[0],))
+            for i, e in enumerate(examples)]
 
 
 class OfflineDataset:
@@ -88,8 +104,9 @@ class OfflineDataset:
 
     @classmethod
     def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, response_keys: tuple[str, ...],
-                  base_dir: Path, seed: int, name: str) -> OfflineDataset:
-        """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey)."""
+                  base_dir: Path, seed: int, name: str, flag_key: str | None = None) -> OfflineDataset:
+        """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey);
+        `flag_key`: the key of a desirable flag (kto's labelKey)."""
         sources = []
         for source in spec.sources:
             records = read_records(source, base_dir)
@@ -100,7 +117,7 @@ class OfflineDataset:
         if spec.apply_chat_template and tokenizer.chat_template is None:
             raise ValueError(f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set "
                              f"data.{name}.applyChatTemplate: false or use a tokenizer with one")
-        keys = (spec.input_key, *response_keys)
+        keys = (spec.input_key, *response_keys, *([flag_key] if flag_key else []))
         for index, record in enumerate(records):
             missing = [key for key in keys if key not in record]
             if missing:
@@ -120,8 +137,17 @@ class OfflineDataset:
             room = data.max_tokens - len(prompt)
             responses = tuple((response_ids[key][i] + [eos])[:room] for key in response_keys)
             truncated += any(len(response_ids[key][i]) + 1 > room for key in response_keys)
-            items.append(OfflineExample(prompt, responses))
+            items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key], i, name) if flag_key else None))
         if truncated:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)
         return cls(items)
+
+
+def _flag(value, index: int, name: str) -> bool:
+    """A desirable flag: a boolean, 0/1, or "true"/"false"."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} record {index}: the desirable flag (labelKey) must be true or false, got {value!r}")

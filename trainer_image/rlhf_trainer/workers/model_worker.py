@@ -104,10 +104,15 @@ OFFLINE_OBJECTIVES = {"sft": "_sft_step", "preference": "_preference_step", "pai
 
 
 def _pair_metrics(chosen: Tensor, rejected: Tensor) -> dict[str, float]:
-    """Implicit (dpo) or model (rm) rewards of chosen and rejected responses: accuracy and margin."""
-    return {"reward_accuracy": reward_accuracy(chosen.float(), rejected.float()).item(),
-            "reward_margin": (chosen - rejected).float().mean().item(),
-            "chosen_reward": chosen.float().mean().item(), "rejected_reward": rejected.float().mean().item()}
+    """Implicit (dpo) or model (rm) rewards of chosen and rejected responses: accuracy and margin
+    (unpaired kto batches: the margin of the means, no accuracy; a side a batch lacks counts 0)."""
+    chosen_mean = chosen.float().mean().item() if chosen.numel() else 0.0
+    rejected_mean = rejected.float().mean().item() if rejected.numel() else 0.0
+    metrics = {"reward_margin": chosen_mean - rejected_mean, "chosen_reward": chosen_mean,
+               "rejected_reward": rejected_mean}
+    if chosen.shape == rejected.shape:
+        metrics["reward_accuracy"] = reward_accuracy(chosen.float(), rejected.float()).item()
+    return metrics
 
 
 class ValueModel(nn.Module):
@@ -297,15 +302,20 @@ class ModelWorker:
         return {"loss": loss.item()}
 
     def _preference_step(self, batch: OfflineBatch, loss: str, config: PreferenceConfig) -> dict[str, float]:
-        """PREFERENCE_LOSSES[loss] on summed response log-probs; rows are chosen then rejected."""
+        """PREFERENCE_LOSSES[loss] on summed response log-probs of the desirable (chosen) and the
+        other rows (pairs keep their order on both sides); kto also reads the batch's kl_logps."""
         logps = masked_sum(self._response_log_probs(batch), batch.action_mask, dim=-1)
-        chosen, rejected = logps.chunk(2)
-        reference_chosen, reference_rejected = batch.reference_logps.chunk(2)
-        result = PREFERENCE_LOSSES[loss](PreferenceInputs(chosen, rejected, reference_chosen, reference_rejected), config)
+        good, reference = batch.desirable, batch.reference_logps
+        kl = (batch.kl_logps[0:1], batch.kl_logps[1:2]) if batch.kl_logps is not None else (None, None)
+        inputs = PreferenceInputs(logps[good], logps[~good], reference[good], reference[~good], *kl)
+        result = PREFERENCE_LOSSES[loss](inputs, config)
         total = result.losses.mean()
         self.engine.backward(total)
         self.engine.step()
-        return {"loss": total.item(), **_pair_metrics(result.chosen_rewards, result.rejected_rewards)}
+        metrics = {"loss": total.item(), **_pair_metrics(result.chosen_rewards, result.rejected_rewards)}
+        if result.kl is not None:
+            metrics["kto_reference_point"] = result.kl.item()
+        return metrics
 
     def _pairwise_step(self, batch: OfflineBatch) -> dict[str, float]:
         """Bradley-Terry loss on the reward model's scores, read at each sequence's last token."""
