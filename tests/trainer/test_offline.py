@@ -194,3 +194,21 @@ def test_kto_on_flagged_responses_raises_the_implicit_reward_margin(tiny_model, 
               f"training loss {[round(m['loss'], 3) for m in metrics]}")
     assert held_in["margin"] > 0 and held_in["accuracy"] >= 0.75, held_in
     assert metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+def test_offline_run_resumes_from_its_checkpoint(tiny_model, local_ray, tmp_path):
+    job = _write_job(tmp_path, tiny_model, "sft", "sft", _sft_records(32), learningRate=1.0e-3, epochs=3, maxSteps=3)
+    spec = yaml.safe_load(job.read_text())
+    spec["spec"]["checkpoint"].update(intervalSteps=2, exportHf=False)
+    job.write_text(yaml.safe_dump(spec))
+    assert [m["step"] for m in _run(job, tmp_path / "out")] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").glob("step-*")) == ["step-00000002",
+                                                                                          "step-00000003"]
+
+    spec["spec"]["training"]["maxSteps"] = 5
+    job.write_text(yaml.safe_dump(spec))
+    metrics_file = tmp_path / "out" / "resumed.jsonl"
+    assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [4, 5]
+    assert metrics[0]["epoch"] == pytest.approx(2.0)  # 2 batches of 16 per epoch: step 4 ends the second epoch
