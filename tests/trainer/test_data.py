@@ -136,10 +136,10 @@ def test_labels_are_none_without_a_label_key(tokenizer, tmp_path):
 
 def test_missing_keys_name_the_key_and_the_record(tokenizer, tmp_path):
     write_jsonl(tmp_path / "p.jsonl", [*RECORDS[:2], {"question": "no answer here"}])
-    with pytest.raises(ValueError, match=r"prompt record 2 has no key 'answer' \(it has 'question'\): set inputKey/labelKey"):
+    with pytest.raises(ValueError, match=r"prompts record 2 has no key 'answer' \(it has 'question'\): set data.prompts's keys"):
         load(tokenizer, prompts_spec("p.jsonl"), tmp_path)
     spec = DatasetSpec.model_validate({"sources": [{"path": "p.jsonl"}], "inputKey": "prompt"})
-    with pytest.raises(ValueError, match="prompt record 0 has no key 'prompt'"):
+    with pytest.raises(ValueError, match="prompts record 0 has no key 'prompt'"):
         load(tokenizer, spec, tmp_path)
 
 

@@ -110,6 +110,27 @@ def render_prompt(value: Any, tokenizer, apply_chat_template: bool) -> str:
     return value
 
 
+def load_records(spec: DatasetSpec, tokenizer, keys: list[str], *, base_dir: Path, seed: int, name: str) -> list[dict]:
+    """spec's sources read (paths relative to base_dir), mixed with seed and cut to maxSamples; every
+    record must have `keys`. `name` is the dataset's field under spec.data, for the error messages."""
+    sources = []
+    for source in spec.sources:
+        records = read_records(source, base_dir)
+        if not records:
+            raise ValueError(f"dataset {source.path!r} has no records")
+        sources.append(records)
+    records = mix(sources, [s.probability for s in spec.sources], seed)[: spec.max_samples]
+    if spec.apply_chat_template and tokenizer.chat_template is None:
+        raise ValueError(f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set "
+                         f"data.{name}.applyChatTemplate: false or use a tokenizer with one")
+    for index, record in enumerate(records):
+        missing = [key for key in keys if key not in record]
+        if missing:
+            raise ValueError(f"{name} record {index} has no key {missing[0]!r} (it has {', '.join(map(repr, record))}): "
+                             f"set data.{name}'s keys to the dataset's field names")
+    return records
+
+
 class PromptDataset:
     """Prompts ready for generation; indexable, in mixture order."""
 
@@ -125,28 +146,8 @@ class PromptDataset:
     @classmethod
     def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, base_dir: Path, seed: int) -> PromptDataset:
         """Read spec's sources (paths relative to base_dir), mix them with seed, render and tokenize."""
-        sources = []
-        for source in spec.sources:
-            records = read_records(source, base_dir)
-            if not records:
-                raise ValueError(f"dataset {source.path!r} has no records")
-            sources.append(records)
-        records = mix(sources, [s.probability for s in spec.sources], seed)[: spec.max_samples]
-
-        if spec.apply_chat_template and tokenizer.chat_template is None:
-            raise ValueError(
-                f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set applyChatTemplate: false "
-                "or use a tokenizer with one"
-            )
         keys = [spec.input_key] + ([spec.label_key] if spec.label_key else [])
-        for index, record in enumerate(records):
-            missing = [key for key in keys if key not in record]
-            if missing:
-                raise ValueError(
-                    f"prompt record {index} has no key {missing[0]!r} (it has {', '.join(map(repr, record))}): "
-                    "set inputKey/labelKey to the dataset's field names"
-                )
-
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, name="prompts")
         texts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
         # The chat template already wrote the special tokens the model expects.
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

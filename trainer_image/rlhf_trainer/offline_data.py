@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rlhf_operator.api.v1alpha1 import DatasetSpec, DataSpec
 
-from .data import mix, read_records, render_prompt
+from .data import load_records, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +107,9 @@ class OfflineDataset:
                   base_dir: Path, seed: int, name: str, flag_key: str | None = None) -> OfflineDataset:
         """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey);
         `flag_key`: the key of a desirable flag (kto's labelKey)."""
-        sources = []
-        for source in spec.sources:
-            records = read_records(source, base_dir)
-            if not records:
-                raise ValueError(f"dataset {source.path!r} has no records")
-            sources.append(records)
-        records = mix(sources, [s.probability for s in spec.sources], seed)[: spec.max_samples]
-        if spec.apply_chat_template and tokenizer.chat_template is None:
-            raise ValueError(f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set "
-                             f"data.{name}.applyChatTemplate: false or use a tokenizer with one")
-        keys = (spec.input_key, *response_keys, *([flag_key] if flag_key else []))
+        keys = [spec.input_key, *response_keys, *([flag_key] if flag_key else [])]
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, name=name)
         for index, record in enumerate(records):
-            missing = [key for key in keys if key not in record]
-            if missing:
-                raise ValueError(f"{name} record {index} has no key {missing[0]!r} (it has "
-                                 f"{', '.join(map(repr, record))}): set data.{name}'s keys to the dataset's field names")
             if not all(isinstance(record[key], str) for key in response_keys):
                 raise ValueError(f"{name} record {index}: the responses ({', '.join(response_keys)}) must be strings")
 
