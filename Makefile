@@ -9,7 +9,7 @@ setup:  ## create/refresh the pinned virtualenv (fast when already done)
 
 demo: setup  ## train the tiny GRPO example on CPU: build a tiny model offline, then rlhf run
 	$(VENV)/bin/rlhf tiny-model manifests/examples/tiny/model
-	rm -rf /tmp/rlhf/tiny-grpo-cpu  # the example's checkpoint.path: a rerun would resume from the end
+	rm -rf /tmp/rlhf/tiny-grpo-cpu runs/tiny-grpo-cpu  # checkpoint.path and outputs: a rerun would resume from the end
 	$(VENV)/bin/rlhf run manifests/examples/tiny-grpo-cpu-job.yaml
 
 test: setup  ## run the whole suite (builds the local control plane on first use)
