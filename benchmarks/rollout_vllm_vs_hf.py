@@ -8,10 +8,10 @@ trainer draws them, chat template applied), 8 samples each, temperature 1, top-p
 up to N new tokens (8, the job's maxNewTokens, and 64, where decoding dominates). Sides:
 
 - vllm: `RolloutEngine` itself (the trainer's engine class, its options and CPU environment:
-  in-process engine core, 1 GiB KV cache, OMP threads bound to all cores, prefix caching,
-  sampled-token log-probs), called as the trainer calls it, without Ray around it (but with the
-  OMP_NUM_THREADS=1 Ray gives a one-CPU actor);
-- vllm-1t: the same with its OMP threads bound to core 0 only (VLLM_CPU_OMP_THREADS_BIND=0);
+  in-process engine core, 1 GiB KV cache, prefix caching, sampled-token log-probs), called as the
+  trainer calls it, without Ray around it but with the OMP_NUM_THREADS=1 Ray gives a one-CPU
+  actor: one torch thread;
+- vllm-2t: the same with OMP_NUM_THREADS=2;
 - vllm-nodynamo: vllm with TORCHDYNAMO_DISABLE=1 (no torch.compile of vLLM's log-prob helper);
 - hf-1t / hf-2t: `model.generate(do_sample=True)` on the 16 prompts each repeated 8 times,
   left-padded (what TRL's GRPOTrainer does with use_vllm=False), torch with 1 and 2 threads.
@@ -48,10 +48,11 @@ from grpo_cpu_vs_trl import (  # noqa: E402  (this directory's shared helpers)
 )
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout_vllm_vs_hf.json"
-# side -> torch threads. vllm binds its OMP threads to every core (the trainer's VLLM_CPU_OMP_THREADS_BIND=all:
-# 2 here); vllm-1t binds one core, for a like-for-like with hf-1t. Both get OMP_NUM_THREADS=1, as Ray gives
-# the engine actor (one CPU).
-SIDES = {"vllm": 2, "vllm-1t": 1, "hf-1t": 1, "hf-2t": 2, "vllm-nodynamo": 2}
+# side -> OMP_NUM_THREADS. vllm is the engine as the trainer runs it: Ray sets OMP_NUM_THREADS=1 in a one-CPU
+# actor, and with the engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uniproc executor) vLLM does not
+# apply VLLM_CPU_OMP_THREADS_BIND (only its multiprocessing executor reads it), so it runs on one torch thread.
+# vllm-2t: the same engine given two threads.
+SIDES = {"vllm": 1, "vllm-2t": 2, "hf-1t": 1, "hf-2t": 2, "vllm-nodynamo": 1}
 # vllm-nodynamo: vllm with TORCHDYNAMO_DISABLE=1. Asking for log-probs makes vLLM torch.compile a helper
 # (vllm/v1/sample/ops/logprobs.py: batched_count_greater_than) on the first call; this side shows what
 # that costs. It is left out of the table's comparisons.
@@ -77,11 +78,10 @@ def prompts_and_sampling(model_path: str) -> tuple[list[list[int]], dict]:
 # --------------------------------------------------------------------------------------- children
 
 
-def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int, bind: str) -> dict:
+def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int) -> dict:
     from rlhf_trainer.workers.rollout import CPU_ENV
 
     os.environ.update(CPU_ENV)  # as Ray's runtime_env sets it for the engine actor, before vLLM is imported
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
     from rlhf_operator.api.v1alpha1 import RolloutSpec
     from rlhf_trainer.workers.rollout import RolloutEngine
 
@@ -95,7 +95,7 @@ def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int, 
     import torch
 
     result = {"init_seconds": time.perf_counter() - started, "torch_threads": torch.get_num_threads(),
-              "omp_bind": bind, "configs": {}}
+              "configs": {}}
 
     def call(n: int) -> int:
         completions, _ = engine.generate(prompt_ids, {**sampling, "max_tokens": n})
@@ -176,8 +176,7 @@ def _timed(call, n: int, warmup: int, calls: int) -> dict:
 def run_side(side: str, work: Path, args) -> dict:
     result = work / f"{side}.json"
     env = {**os.environ, **OFFLINE_ENV}
-    threads = 1 if side.startswith("vllm") else SIDES[side]
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.update(OMP_NUM_THREADS=str(SIDES[side]), MKL_NUM_THREADS=str(SIDES[side]))
     if side == "vllm-nodynamo":
         env["TORCHDYNAMO_DISABLE"] = "1"
     command = [sys.executable, __file__, "--child", side, "--model", str(work / "model"), "--result", str(result),
@@ -212,8 +211,7 @@ def main() -> int:
 
     if args.child:
         if args.child.startswith("vllm"):
-            bind = "0" if args.child == "vllm-1t" else "all"
-            record = child_vllm(args.model, args.max_new_tokens, args.warmup, args.calls, bind)
+            record = child_vllm(args.model, args.max_new_tokens, args.warmup, args.calls)
         else:
             record = child_hf(args.model, args.max_new_tokens, args.warmup, args.calls, SIDES[args.child])
         args.result.write_text(json.dumps(record))
@@ -246,22 +244,23 @@ def main() -> int:
                       "first_call_seconds": median(side, lambda r: r["configs"][n]["first_call_seconds"])}
                for side in SIDES}
         # like for like: the same number of threads
-        row["vllm_over_hf-2t"] = row["vllm"]["tokens_per_second"] / row["hf-2t"]["tokens_per_second"]
-        row["vllm-1t_over_hf-1t"] = row["vllm-1t"]["tokens_per_second"] / row["hf-1t"]["tokens_per_second"]
+        row["vllm_over_hf-1t"] = row["vllm"]["tokens_per_second"] / row["hf-1t"]["tokens_per_second"]
+        row["vllm-2t_over_hf-2t"] = row["vllm-2t"]["tokens_per_second"] / row["hf-2t"]["tokens_per_second"]
         summary[f"max_new_tokens={n}"] = row
     summary["init_seconds"] = {side: median(side, lambda r: r["init_seconds"]) for side in SIDES}
     summary["vllm_load_weights_seconds"] = {side: median(side, lambda r: r["load_weights_seconds_median"])
                                             for side in SIDES if side.startswith("vllm")}
+    summary["torch_threads"] = {side: runs[side][0]["torch_threads"] for side in SIDES}
     summary["peak_rss_mib"] = {side: median(side, lambda r: r["peak_rss_mib"]) for side in SIDES}
     summary["peak_pss_mib"] = {side: median(side, lambda r: r["peak_pss_mib"]) for side in SIDES}
 
-    lines = [f"| medians, {args.repeats} repeat(s) x {args.calls} calls | vLLM 2 cores (as trained) | HF 2 threads "
-             "| vLLM / HF, 2 | vLLM 1 core | HF 1 thread | vLLM / HF, 1 |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| medians, {args.repeats} repeat(s) x {args.calls} calls | vLLM 1 thread (as trained) | HF 1 thread "
+             "| vLLM / HF, 1 | vLLM 2 threads | HF 2 threads | vLLM / HF, 2 |", "|---|---:|---:|---:|---:|---:|---:|"]
 
     def cells(values: dict, fmt: str) -> str:
-        return (f"{fmt.format(values['vllm'])} | {fmt.format(values['hf-2t'])} | {values['vllm'] / values['hf-2t']:.2f} | "
-                f"{fmt.format(values['vllm-1t'])} | {fmt.format(values['hf-1t'])} | "
-                f"{values['vllm-1t'] / values['hf-1t']:.2f}")
+        return (f"{fmt.format(values['vllm'])} | {fmt.format(values['hf-1t'])} | {values['vllm'] / values['hf-1t']:.2f} | "
+                f"{fmt.format(values['vllm-2t'])} | {fmt.format(values['hf-2t'])} | "
+                f"{values['vllm-2t'] / values['hf-2t']:.2f}")
 
     for n in map(str, args.max_new_tokens):
         row = summary[f"max_new_tokens={n}"]
