@@ -82,7 +82,7 @@ def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int) 
     from rlhf_trainer.workers.rollout import CPU_ENV
 
     os.environ.update(CPU_ENV)  # as Ray's runtime_env sets it for the engine actor, before vLLM is imported
-    from rlhf_operator.api.v1alpha1 import RolloutSpec
+    from rlhf_api.v1alpha1 import RolloutSpec
     from rlhf_trainer.workers.rollout import RolloutEngine
 
     spec = load_job(1)["spec"]

@@ -38,7 +38,7 @@ from rlhf_operator.kube import Kube
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def _bind_script(mounts: list[tuple[Path, str]]) -> str:
+def bind_script(mounts: list[tuple[Path, str]]) -> str:
     """Shell lines that bind each source at its mountPath inside the private mount namespace.
 
     The parent of each mountPath gets a private tmpfs first, so files and directories created
@@ -158,7 +158,7 @@ class HeadPod:
         ray = ["ray", "start", "--head", "--block", f"--num-cpus={self._cluster_cpus()}", "--num-gpus=0",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={self.root / 'ray'}",
                "--disable-usage-stats", *(f"--{name}={port}" for name, port in ports.items())]
-        script = f"set -e\n{_bind_script(self._mounts(volumes, account))}exec {shlex.join(ray)}\n"
+        script = f"set -e\n{bind_script(self._mounts(volumes, account))}exec {shlex.join(ray)}\n"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                                             env=self._env(), stdout=out, stderr=subprocess.STDOUT,

@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from rlhf_operator.api import crd
-from rlhf_operator.api.validation import InvalidJob, validate
+from rlhf_api import crd
+from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.controlplane import ControlPlane, free_ports
 from e2e.fixtures import wait_for
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
 
 REPO = Path(__file__).resolve().parents[2]

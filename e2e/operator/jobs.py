@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from e2e.fixtures import wait_for
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from e2e.operator.jobs import events, get_job, wait_phase
 from e2e.podruntime import HeadPod
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"

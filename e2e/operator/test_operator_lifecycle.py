@@ -14,7 +14,8 @@ from e2e.operator.jobs import (
 )
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_operator import names
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import contract
+from rlhf_api import v1alpha1 as api
 
 
 def start_job(kube, namespace, operator, name="tiny", **spec):
@@ -37,7 +38,7 @@ def test_children_are_created_owned_and_pending(kube, namespace, operator, kuber
         "RoleBinding": ["tiny-trainer"], "RayJob": ["tiny"]}
     for objs in found.values():
         assert [ref["uid"] for ref in objs[0]["metadata"]["ownerReferences"]] == [uid]
-    config = yaml.safe_load(found["ConfigMap"][0]["data"][api.JOB_CONFIG_FILE])
+    config = yaml.safe_load(found["ConfigMap"][0]["data"][contract.JOB_CONFIG_FILE])
     assert config["metadata"] == {"name": "tiny", "namespace": namespace, "uid": uid}
     assert config["spec"]["training"]["zeroStage"] == 3  # defaults applied
     ray_job = found["RayJob"][0]

@@ -39,7 +39,7 @@ from e2e.operator.jobs import children, create_job, get_job, rlhf_job, wait_gone
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_operator import reconcile
 from rlhf_operator import settings as operator_settings
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
 from rlhf_operator.names import MANAGED_BY
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 
 # Most GPUs one node of a product carries (values of the GFD label nvidia.com/gpu.product).
 GPUS_PER_NODE = {

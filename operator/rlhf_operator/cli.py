@@ -16,7 +16,7 @@ def _documents(path: str) -> list[tuple[str, object]]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .api.validation import InvalidJob, validate
+    from rlhf_api.validation import InvalidJob, validate
 
     failed = 0
     for path in args.files:
@@ -41,7 +41,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .api.crd import render
+    from rlhf_api.crd import render
 
     sys.stdout.write(render())
     return 0

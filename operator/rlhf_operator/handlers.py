@@ -19,7 +19,7 @@ import kopf
 
 from . import lifecycle, metrics, reconcile
 from . import settings as operator_settings
-from .api.v1alpha1 import GROUP, PLURAL, VERSION
+from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .status import finished
 
 RESYNC_SECONDS = 120

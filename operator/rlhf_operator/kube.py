@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from .api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 
 # kind -> (API path prefix, plural)
 RESOURCES = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from .api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 from .status import finished
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -17,8 +17,8 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from . import checks, kube, lifecycle, names, render, status
-from .api import v1alpha1 as api
-from .api.validation import InvalidJob, validate
+from rlhf_api import v1alpha1 as api
+from rlhf_api.validation import InvalidJob, validate
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,15 @@ import kopf
 import yaml
 
 from . import lifecycle, names
-from .api import v1alpha1 as api
+from rlhf_api import contract
+from rlhf_api import v1alpha1 as api
 
 RAY_API_VERSION = "ray.io/v1"
 # The Ray version of the trainer image (pyproject pins ray 2.60). KubeRay needs it for token auth,
 # which Ray enables by default since 2.52.
 RAY_VERSION = "2.60.0"
-METRICS_PORT = 9400  # the trainer's Prometheus endpoint on the head (RLHF_METRICS_PORT)
-RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart, since the trainer's port is "metrics"
-MODELS_DIR = "/mnt/models"
-ENTRYPOINT = f"rlhf run {api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}"
+RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
+ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
 
 
 def _metadata(job: api.RLHFJob, name: str) -> dict[str, Any]:
@@ -58,7 +57,7 @@ def config_map(job: api.RLHFJob) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(job, names.config_map(job.metadata["name"])),
-        "data": {api.JOB_CONFIG_FILE: yaml.safe_dump(trainer_config(job), sort_keys=False)},
+        "data": {contract.JOB_CONFIG_FILE: yaml.safe_dump(trainer_config(job), sort_keys=False)},
     }
 
 
@@ -98,20 +97,16 @@ def role_binding(job: api.RLHFJob) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ pod pieces
 
 
-def reward_token_env(source_name: str) -> str:
-    return f"RLHF_REWARD_{source_name.upper().replace('-', '_')}_TOKEN"
-
-
 def _trainer_env(job: api.RLHFJob) -> list[dict[str, Any]]:
     """Env of every Ray container: who the job is, reward tokens by reference, then the user's."""
     env = [
-        {"name": "RLHF_JOB_NAME", "value": job.metadata["name"]},
-        {"name": "RLHF_JOB_NAMESPACE", "value": job.metadata["namespace"]},
+        {"name": contract.JOB_NAME_ENV, "value": job.metadata["name"]},
+        {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:
             ref = source.http.auth_secret_ref
-            env.append({"name": reward_token_env(source.name),
+            env.append({"name": contract.reward_token_env(source.name),
                         "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env
 
@@ -144,20 +139,20 @@ def _volumes(job: api.RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
     # job.yaml is mounted by subPath so that /etc/rlhf stays a plain directory: reward ConfigMaps
     # are mounted below it, and a mount point cannot be created inside a read-only ConfigMap volume.
     mounts = [
-        {"name": "job-config", "mountPath": f"{api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}",
-         "subPath": api.JOB_CONFIG_FILE, "readOnly": True},
+        {"name": "job-config", "mountPath": contract.JOB_CONFIG_PATH, "subPath": contract.JOB_CONFIG_FILE,
+         "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     functions = [s for s in (spec.reward.sources if spec.reward else []) if s.function and s.function.config_map]
     for index, source in enumerate(functions):
         volumes.append({"name": f"reward-fn-{index}", "configMap": {"name": source.function.config_map}})
-        mounts.append({"name": f"reward-fn-{index}", "mountPath": f"{api.REWARD_FUNCTIONS_DIR}/{source.name}",
+        mounts.append({"name": f"reward-fn-{index}", "mountPath": f"{contract.REWARD_FUNCTIONS_DIR}/{source.name}",
                        "readOnly": True})
     for role_name, model in spec.models:
         if model is not None and model.pvc is not None:
             volumes.append({"name": f"model-{role_name}",
                             "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True}})
-            mount = {"name": f"model-{role_name}", "mountPath": f"{MODELS_DIR}/{role_name}", "readOnly": True}
+            mount = {"name": f"model-{role_name}", "mountPath": contract.model_mount(role_name), "readOnly": True}
             if model.pvc.sub_path:
                 mount["subPath"] = model.pvc.sub_path
             mounts.append(mount)
@@ -201,14 +196,14 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
 def _head_group(job: api.RLHFJob) -> dict[str, Any]:
     head = job.spec.resources.head
     volumes, mounts = _volumes(job)
-    env = [*_trainer_env(job), {"name": "RLHF_METRICS_PORT", "value": str(METRICS_PORT)}]
+    env = [*_trainer_env(job), {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)}]
     container = _container(job, "ray-head", env, mounts, {"cpu": head.cpu, "memory": head.memory})
     # KubeRay builds the head Service from these ports once any is named, so Ray's are listed too.
     container["ports"] = [
         {"name": "gcs-server", "containerPort": 6379},
         {"name": "dashboard", "containerPort": 8265},
         {"name": "client", "containerPort": 10001},
-        {"name": "metrics", "containerPort": METRICS_PORT},
+        {"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT},
         {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
     ]
     return {

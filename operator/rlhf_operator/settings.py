@@ -7,7 +7,7 @@ import socket
 
 import kopf
 
-from .api import v1alpha1 as api
+from rlhf_api import v1alpha1 as api
 from .names import LABEL_MANAGED_BY, MANAGED_BY
 
 PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator.api import v1alpha1 as api
-from rlhf_operator.api.validation import validate
+from rlhf_api import v1alpha1 as api
+from rlhf_api.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))

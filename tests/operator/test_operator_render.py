@@ -10,7 +10,8 @@ import yaml
 from operator_jobs import EXAMPLES, NAMESPACE, UID, as_job, load_example, tiny
 
 from rlhf_operator import names, render
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import contract
+from rlhf_api import v1alpha1 as api
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -74,12 +75,12 @@ def test_job_labels_are_not_copied_to_children():
 def test_config_map_carries_the_job_with_defaults_for_the_trainer():
     job = as_job(load_example("grpo-job.yaml"))
     cm = render.config_map(job)
-    config = yaml.safe_load(cm["data"][api.JOB_CONFIG_FILE])
+    config = yaml.safe_load(cm["data"][contract.JOB_CONFIG_FILE])
     assert config["metadata"] == {"name": "grpo-qwen2-5-7b-math", "namespace": NAMESPACE, "uid": UID}
     assert config["spec"] == job.spec.model_dump(by_alias=True, exclude_none=True)
     assert config["spec"]["training"]["zeroStage"] == 3  # a default the example does not set
     # The config file round-trips through the API validation, as the trainer will read it.
-    from rlhf_operator.api.validation import validate
+    from rlhf_api.validation import validate
     assert validate(config).spec == job.spec
 
 
@@ -135,8 +136,8 @@ def test_head_is_a_cpu_node_running_the_trainer_as_the_job_service_account():
 def test_config_is_mounted_at_the_contract_path_in_head_and_workers():
     head, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 1}))))
     for group in (head, worker):
-        mount = mounts(group)[f"{api.JOB_CONFIG_DIR}/{api.JOB_CONFIG_FILE}"]
-        assert mount["subPath"] == api.JOB_CONFIG_FILE and mount["readOnly"] is True
+        mount = mounts(group)[f"{contract.JOB_CONFIG_DIR}/{contract.JOB_CONFIG_FILE}"]
+        assert mount["subPath"] == contract.JOB_CONFIG_FILE and mount["readOnly"] is True
         assert volumes(group)[mount["name"]]["configMap"]["name"] == "tiny-config"
 
 
@@ -239,9 +240,9 @@ def test_reward_function_config_maps_and_http_tokens():
                                                       "authSecretRef": {"name": "judge", "key": "token"}}},
     ]}
     head, worker = head_and_worker(render.ray_job(as_job(doc)))
-    mount = mounts(head)[f"{api.REWARD_FUNCTIONS_DIR}/math-check"]
+    mount = mounts(head)[f"{contract.REWARD_FUNCTIONS_DIR}/math-check"]
     assert volumes(head)[mount["name"]]["configMap"] == {"name": "math-reward"}
-    assert len([m for m in mounts(head) if m.startswith(api.REWARD_FUNCTIONS_DIR)]) == 1
+    assert len([m for m in mounts(head) if m.startswith(contract.REWARD_FUNCTIONS_DIR)]) == 1
     for group in (head, worker):
         # By reference: the pods read the Secret, the operator never does.
         assert env(group)["RLHF_REWARD_JUDGE_API_TOKEN"] == {"secretKeyRef": {"name": "judge", "key": "token"}}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from rlhf_operator.api.v1alpha1 import DatasetSpec, DataSpec
+from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 from rlhf_trainer.data import PromptDataset, PromptLoader, mix
 from rlhf_trainer.paths import local_path, resolve
 from rlhf_trainer.tiny import build_tokenizer

@@ -13,7 +13,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf_operator.api.v1alpha1 import DataSpec, DatasetSpec
+from rlhf_api.v1alpha1 import DataSpec, DatasetSpec
 from rlhf_trainer.losses import masked_sum, token_log_probs
 from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.reporting import JsonlWriter

@@ -12,11 +12,12 @@ import pytest
 import torch
 import yaml
 
-from rlhf_operator.api.validation import validate
-from rlhf_operator.api.v1alpha1 import ModelSpec, RewardSpec
+from rlhf_api import contract
+from rlhf_api.validation import validate
+from rlhf_api.v1alpha1 import ModelSpec, RewardSpec
 from rlhf_trainer.rewards import RewardError, RewardModelScorer, build_reward
 from rlhf_trainer.rewards import function as function_rewards
-from rlhf_trainer.rewards.http import HTTPScorer, token_env_var
+from rlhf_trainer.rewards.http import HTTPScorer
 from rlhf_trainer.tiny import build_tiny_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -252,8 +253,7 @@ def test_http_connection_refused_is_reported_with_the_source(services):
 
 def test_http_source_sends_its_token_and_is_weighted(services, monkeypatch):
     service = services()
-    assert token_env_var("my-judge") == "RLHF_REWARD_MY_JUDGE_TOKEN"
-    monkeypatch.setenv("RLHF_REWARD_MY_JUDGE_TOKEN", "s3cret")
+    monkeypatch.setenv(contract.reward_token_env("my-judge"), "s3cret")
     source = {"name": "my-judge", "type": "http", "weight": 2.0, "http": {"url": service.url, "batchSize": 4}}
     result = build_reward(spec(source), base_dir=Path(".")).score(PROMPTS, COMPLETIONS, LABELS)
     assert result.total.tolist() == [3.0, 5.0, 7.0, 9.0, 11.0]

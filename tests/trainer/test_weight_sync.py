@@ -7,7 +7,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf_operator.api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
+from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.model_worker import ModelConfig

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlhf_operator.api.v1alpha1 import ONLINE_ALGORITHMS, RLHFJobSpec
-from rlhf_operator.api.validation import FieldError, InvalidJob
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import RLHFJobSpec
+from rlhf_api.validation import FieldError, InvalidJob
 
-from .offline import OFFLINE_FAMILIES
-from .paths import resolve
+from .paths import model_path
 from .workers.group import Placement, plan_placement
 
 
@@ -27,10 +27,7 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     def refuse(path: str, message: str) -> None:
         errors.append(FieldError(path, message))
 
-    if spec.algorithm not in ONLINE_ALGORITHMS and spec.algorithm not in OFFLINE_FAMILIES:
-        refuse("spec.algorithm", f"{spec.algorithm} is not implemented by this trainer yet; it runs "
-               f"{', '.join(ONLINE_ALGORITHMS + tuple(OFFLINE_FAMILIES))}")
-    offline = spec.algorithm not in ONLINE_ALGORITHMS
+    offline = not ALGORITHMS[spec.algorithm].online
     if offline and spec.data.max_prompt_tokens >= spec.data.max_tokens:
         refuse("spec.data.maxPromptTokens", f"data.maxPromptTokens {spec.data.max_prompt_tokens} leaves no room for "
                f"the response in data.maxTokens {spec.data.max_tokens}: lower it or raise maxTokens")
@@ -90,7 +87,7 @@ def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:
     """max_position_embeddings of a local actor (read from its config.json; hub models are not fetched here)."""
     import json
 
-    config = Path(resolve(spec.models.actor.path, base_dir)) / "config.json"
+    config = Path(model_path(spec.models, "actor", base_dir)) / "config.json"
     if not config.is_file():
         return None
     return json.loads(config.read_text()).get("max_position_embeddings")

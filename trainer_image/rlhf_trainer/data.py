@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from rlhf_operator.api.v1alpha1 import DatasetSource, DatasetSpec, DataSpec
+from rlhf_api.v1alpha1 import DatasetSource, DatasetSpec, DataSpec
 
 from .paths import resolve
 

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from rlhf_operator.api import v1alpha1 as api
+from rlhf_api import contract
+from rlhf_api import v1alpha1 as api
 
 log = logging.getLogger(__name__)
 
-JOB_NAME_ENV = "RLHF_JOB_NAME"
-JOB_NAMESPACE_ENV = "RLHF_JOB_NAMESPACE"
 
 
 def _now() -> str:
@@ -56,7 +55,7 @@ class KubernetesStatusReporter:
     @classmethod
     def from_environment(cls, **kwargs: Any) -> KubernetesStatusReporter | None:
         """Inside an RLHFJob's Ray cluster (the operator sets the job's name and namespace); else None."""
-        name, namespace = os.environ.get(JOB_NAME_ENV), os.environ.get(JOB_NAMESPACE_ENV)
+        name, namespace = os.environ.get(contract.JOB_NAME_ENV), os.environ.get(contract.JOB_NAMESPACE_ENV)
         if not (name and namespace):
             return None
         from kubernetes import client, config

@@ -29,13 +29,14 @@ import ray
 import torch
 from ray.util.placement_group import remove_placement_group
 
-from rlhf_operator.api.v1alpha1 import RLHFJob, RLHFJobSpec
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
 from . import checkpoint
 from .data import PromptLoader
 from .losses import PreferenceConfig, masked_sum
 from .offline_data import OfflineDataset, OfflineExample, mismatched, pack
-from .paths import resolve
+from .paths import model_path
 from .reporting import Reporter
 from .workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
 from .workers.model_worker import ModelConfig
@@ -44,15 +45,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Family:
-    """How one family of offline algorithms reads its data and trains."""
+class Objective:
+    """How an offline objective reads its records and trains (the catalogue names one per algorithm)."""
 
-    dataset: str  # the field of spec.data it reads
     response_keys: Callable  # DatasetSpec -> the record keys of the responses
-    trained: str  # the trained group's role (workers.group.OFFLINE_ROLES lists every group)
-    objective: str  # model_worker.OFFLINE_OBJECTIVES key
+    step: str  # model_worker.OFFLINE_OBJECTIVES key
     options: Callable[[RLHFJobSpec], dict]  # the objective's options
-    uses_reference: bool = False
     flag_key: Callable = lambda d: None  # DatasetSpec -> the record key of a desirable flag
     kl_pairs: bool = False  # kto: the reference point from mismatched (prompt, response) pairs
 
@@ -64,18 +62,20 @@ def _preference_options(spec: RLHFJobSpec) -> dict:
     return {"loss": spec.algorithm, "config": config}
 
 
-SFT = Family("sft", lambda d: (d.output_key,), "actor", "sft", lambda spec: {})
-PREFERENCE = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "actor", "preference",
-                    _preference_options, uses_reference=True)
-REWARD_MODEL = Family("preferences", lambda d: (d.chosen_key, d.rejected_key), "rm", "pairwise", lambda spec: {})
-# kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
-# desirable and one undesirable response).
-KTO = Family("preferences", lambda d: (d.output_key,) if d.label_key else (d.chosen_key, d.rejected_key), "actor",
-             "preference", _preference_options, uses_reference=True, flag_key=lambda d: d.label_key, kl_pairs=True)
+def _pair(d) -> tuple[str, str]:
+    return d.chosen_key, d.rejected_key
 
-# algorithm -> family; an algorithm missing here is refused by checks.py.
-OFFLINE_FAMILIES: dict[str, Family] = {"sft": SFT, "dpo": PREFERENCE, "ipo": PREFERENCE, "cdpo": PREFERENCE,
-                                       "kto": KTO, "rm": REWARD_MODEL}
+
+# The catalogue's `objective` keys.
+OBJECTIVES: dict[str, Objective] = {
+    "sft": Objective(lambda d: (d.output_key,), "sft", lambda spec: {}),
+    "preference": Objective(_pair, "preference", _preference_options),
+    "pairwise": Objective(_pair, "pairwise", lambda spec: {}),
+    # kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
+    # desirable and one undesirable response).
+    "kto": Objective(lambda d: (d.output_key,) if d.label_key else _pair(d), "preference", _preference_options,
+                     flag_key=lambda d: d.label_key, kl_pairs=True),
+}
 
 
 class OfflineTrainer:
@@ -83,22 +83,25 @@ class OfflineTrainer:
         from transformers import AutoTokenizer
 
         self.job, self.spec, self.placement = job, job.spec, placement
-        self.training, self.family = job.spec.training, OFFLINE_FAMILIES[job.spec.algorithm]
+        self.training, self.algorithm = job.spec.training, ALGORITHMS[job.spec.algorithm]
+        self.objective = OBJECTIVES[self.algorithm.objective]
+        self.trained_role = self.algorithm.roles[0]
         self.base_dir, self.reporter = Path(base_dir), reporter
         self.checkpoint_dir = Path(output_dir) / self.spec.checkpoint.path
         actor = self.spec.models.actor
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve(actor.path, self.base_dir), revision=actor.revision)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path(self.spec.models, "actor", self.base_dir),
+                                                       revision=actor.revision)
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
 
-        data_spec = getattr(self.spec.data, self.family.dataset)
+        data_spec = getattr(self.spec.data, self.algorithm.dataset)
         dataset = OfflineDataset.from_spec(
-            data_spec, self.spec.data, self.tokenizer, response_keys=self.family.response_keys(data_spec),
-            base_dir=self.base_dir, seed=self.training.seed, name=self.family.dataset,
-            flag_key=self.family.flag_key(data_spec))
+            data_spec, self.spec.data, self.tokenizer, response_keys=self.objective.response_keys(data_spec),
+            base_dir=self.base_dir, seed=self.training.seed, name=self.algorithm.dataset,
+            flag_key=self.objective.flag_key(data_spec))
         if len(dataset) < self.training.train_batch_size:
-            raise ValueError(f"data.{self.family.dataset} has {len(dataset)} records, fewer than one optimizer step "
+            raise ValueError(f"data.{self.algorithm.dataset} has {len(dataset)} records, fewer than one optimizer step "
                              f"of training.trainBatchSize={self.training.train_batch_size}: lower it or add records")
         self.data = PromptLoader(dataset, self.training.train_batch_size, seed=self.training.seed,
                                  shuffle=data_spec.shuffle)
@@ -118,14 +121,13 @@ class OfflineTrainer:
             raise
 
     def _model_config(self, role: str) -> ModelConfig:
-        models = self.spec.models
-        model = models.reference or models.actor if role == "reference" else models.actor
-        return ModelConfig(role=role, path=resolve(model.path, self.base_dir), model=model, training=self.training,
-                           temperature=1.0, optimizer_steps=max(self.total_steps, 1), use_gpu=self.placement.use_gpu)
+        _, model = self.spec.models.source(role)
+        return ModelConfig(role=role, path=model_path(self.spec.models, role, self.base_dir), model=model,
+                           training=self.training, temperature=1.0, optimizer_steps=max(self.total_steps, 1), use_gpu=self.placement.use_gpu)
 
     @property
     def trained(self) -> ModelGroup:
-        return self.groups[self.family.trained]
+        return self.groups[self.trained_role]
 
     def close(self) -> None:
         for handle in [w for g in self.groups.values() for w in g.workers]:
@@ -136,7 +138,7 @@ class OfflineTrainer:
 
     def fit(self) -> None:
         self._resume()
-        options = self.family.options(self.spec)
+        options = self.objective.options(self.spec)
         for examples, position in self._batches():
             metrics = mean_metrics(self._train_step(examples, options))
             metrics["epoch"] = position["epoch"] + position["position"] / len(self.data)
@@ -159,8 +161,8 @@ class OfflineTrainer:
 
     def _train_step(self, examples: list[OfflineExample], options: dict) -> list[ray.ObjectRef]:
         """The examples split over the trained group's ranks, in micro-batches; each rank's metrics."""
-        reference = self._reference_logps(examples) if self.family.uses_reference else None
-        kl_logps = self._kl_logps(examples) if self.family.kl_pairs else None
+        reference = self._reference_logps(examples) if "reference" in self.groups else None
+        kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
         micro = self.training.micro_train_batch_size
         per_rank = torch.arange(len(examples)).chunk(self.trained.size)
         calls = []
@@ -170,7 +172,7 @@ class OfflineTrainer:
                      reference[part] if reference is not None else None, kl_logps)
                 for part in rows.split(micro)
             ]
-            calls.append(worker.train_offline.remote(batches, self.family.objective, options))
+            calls.append(worker.train_offline.remote(batches, self.objective.step, options))
         return calls
 
     def _reference_logps(self, examples: list[OfflineExample]) -> torch.Tensor:
@@ -191,7 +193,7 @@ class OfflineTrainer:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def _save(self, position: dict) -> None:
-        path = checkpoint.save(self.checkpoint_dir, self.step, {self.family.trained: self.trained},
+        path = checkpoint.save(self.checkpoint_dir, self.step, {self.trained_role: self.trained},
                                {"data": position}, keep=self.spec.checkpoint.keep)
         self.reporter.checkpoint(self.step, str(path))
 
@@ -199,7 +201,7 @@ class OfflineTrainer:
         path = checkpoint.latest(self.checkpoint_dir) if self.spec.checkpoint.resume else None
         if path is None:
             return
-        state = checkpoint.load(path, {self.family.trained: self.trained})
+        state = checkpoint.load(path, {self.trained_role: self.trained})
         self.step = state["step"]
         self.data.load_state_dict(state["data"])
         log.info("resumed from %s at step %d", path, self.step)

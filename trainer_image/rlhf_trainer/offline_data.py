@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlhf_operator.api.v1alpha1 import DatasetSpec, DataSpec
+from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 
 from .data import load_records, render_prompt
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlhf_api import contract
+from rlhf_api.v1alpha1 import ModelsSpec
+
 # org/name as on the Hugging Face hub (also matches a two-part relative path; see resolve).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -24,3 +27,12 @@ def resolve(path: str, base_dir: Path) -> str:
     if _HUB_ID.match(path) and not local.exists():
         return path
     return str(local)
+
+
+def model_path(models: ModelsSpec, role: str, base_dir: Path) -> str:
+    """Where a model group's weights are: on the PVC the operator mounts (contract.model_on_pvc), or
+    resolved from the job file's directory."""
+    field, model = models.source(role)
+    if model.pvc is not None:
+        return contract.model_on_pvc(field, model.path)
+    return resolve(model.path, base_dir)

@@ -6,7 +6,8 @@ import os
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-PORT_ENV = "RLHF_METRICS_PORT"
+from rlhf_api import contract
+
 
 # trainer metric key -> (Prometheus name, help). Names follow Prometheus conventions: a prefix,
 # base units (seconds), _total only for counters.
@@ -40,7 +41,7 @@ class PrometheusReporter:
 
     @classmethod
     def from_environment(cls) -> PrometheusReporter | None:
-        port = os.environ.get(PORT_ENV)
+        port = os.environ.get(contract.METRICS_PORT_ENV)
         return cls(int(port)) if port else None
 
     def start(self, total_steps: int) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from rlhf_operator.api.validation import InvalidJob, validate
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.validation import InvalidJob, validate
 
 from .reporting import JsonlWriter, MultiReporter, ProgressBar, Reporter, TensorBoardWriter
 
@@ -102,17 +103,15 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
     return EXIT_OK
 
 
-# algorithm family -> (module, class) of its training loop; checks.py has refused what neither runs
-TRAINERS = {"online": ("trainer", "Trainer"), "offline": ("offline", "OfflineTrainer")}
-
-
 def _trainer_class(algorithm: str):
-    import importlib
+    """The online loop (rollouts, rewards, advantages) or the offline one (a dataset and an objective)."""
+    if ALGORITHMS[algorithm].online:
+        from .trainer import Trainer
 
-    from rlhf_operator.api.v1alpha1 import ONLINE_ALGORITHMS
+        return Trainer
+    from .offline import OfflineTrainer
 
-    module, name = TRAINERS["online" if algorithm in ONLINE_ALGORITHMS else "offline"]
-    return getattr(importlib.import_module(f".{module}", __package__), name)
+    return OfflineTrainer
 
 
 def _cluster_resources(placement, wait: float) -> dict[str, float]:

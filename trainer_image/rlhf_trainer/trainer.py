@@ -10,7 +10,7 @@ Each step, as in OpenRLHF's PPO trainer:
    critic's values (ppo);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
    (training.kl.placement);
-5. advantages from the estimator of spec.algorithm (ADVANTAGE_ESTIMATOR);
+5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms);
 6. training.epochs shuffled passes of PPO-clip updates over micro-batches, for the actor and (ppo)
    the critic, at the same time;
 7. the actor's new weights to every vLLM engine;
@@ -34,14 +34,15 @@ import ray
 import torch
 from ray.util.placement_group import remove_placement_group
 
-from rlhf_operator.api.v1alpha1 import ADVANTAGE_ESTIMATOR, ModelSpec, RLHFJob
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import RLHFJob
 
 from . import checkpoint
 from .algorithms import AdvantageConfig, AdvantageInputs, compute_advantages, compute_kl, kl_in_reward
 from .data import PromptDataset, PromptItem, PromptLoader
 from .experience import Experience
 from .losses import masked_mean
-from .paths import resolve
+from .paths import model_path
 from .reporting import Reporter
 from .rewards import build_reward
 from .workers.group import (
@@ -57,17 +58,6 @@ from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
 
 log = logging.getLogger(__name__)
-
-
-def model_spec(job: RLHFJob, role: str) -> ModelSpec:
-    """The model of a role; the critic defaults to the reward model, else the actor (with a fresh
-    value head), and the reference to the actor's initial weights."""
-    models = job.spec.models
-    if role == "critic":
-        return models.critic or models.reward or models.actor
-    if role == "reference":
-        return models.reference or models.actor
-    return getattr(models, role)
 
 
 @dataclass
@@ -87,7 +77,7 @@ class Trainer:
         self.training, self.rollout = job.spec.training, job.spec.rollout
         self.base_dir, self.reporter = Path(base_dir), reporter
         self.checkpoint_dir = Path(output_dir) / self.spec.checkpoint.path  # an absolute path stays as it is
-        self.actor_path = resolve(self.spec.models.actor.path, self.base_dir)
+        self.actor_path = model_path(self.spec.models, "actor", self.base_dir)
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path, revision=self.spec.models.actor.revision)
         dataset = PromptDataset.from_spec(self.spec.data.prompts, self.spec.data, self.tokenizer,
@@ -134,9 +124,9 @@ class Trainer:
         remove_placement_group(self.placement_group)
 
     def _model_config(self, role: str) -> ModelConfig:
-        model = model_spec(self.job, role)
+        _, model = self.spec.models.source(role)
         return ModelConfig(
-            role=role, path=resolve(model.path, self.base_dir), model=model, training=self.training,
+            role=role, path=model_path(self.spec.models, role, self.base_dir), model=model, training=self.training,
             temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
             use_gpu=self.placement.use_gpu,
         )
@@ -244,7 +234,7 @@ class Trainer:
 
         # 5. advantages
         advantages, returns = compute_advantages(
-            ADVANTAGE_ESTIMATOR[self.spec.algorithm],
+            ALGORITHMS[self.spec.algorithm].advantage,
             AdvantageInputs(reward.total, action_mask, kl_penalty=kl_penalty, values=values, n_samples_per_prompt=n),
             AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda),
         )

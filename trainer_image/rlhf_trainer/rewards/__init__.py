@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlhf_operator.api.v1alpha1 import ModelSpec, RewardSource, RewardSpec
+from rlhf_api.v1alpha1 import ModelSpec, RewardSource, RewardSpec
 
 from .function import function_source
 from .http import http_source

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from rlhf_operator.api.v1alpha1 import REWARD_FUNCTIONS_DIR, RewardSource
+from rlhf_api.contract import REWARD_FUNCTIONS_DIR
+from rlhf_api.v1alpha1 import RewardSource
 
 from ..paths import local_path
 

@@ -4,7 +4,7 @@ Request:  POST url  {"prompts": [...], "completions": [...], "labels": [...]}
 Answer:   {"rewards": [one number per completion]}
 
 Connection errors, timeouts and 5xx answers are retried with exponential backoff; 4xx answers
-are not (the request itself is wrong). A bearer token is read from RLHF_REWARD_<NAME>_TOKEN,
+are not (the request itself is wrong). A bearer token is read from contract.reward_token_env(<name>),
 the variable the operator fills from http.authSecretRef.
 """
 
@@ -17,15 +17,11 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from rlhf_operator.api.v1alpha1 import RewardSource
+from rlhf_api import contract
+from rlhf_api.v1alpha1 import RewardSource
 
 if TYPE_CHECKING:
     from . import SourceContext
-
-
-def token_env_var(source_name: str) -> str:
-    """Environment variable holding the bearer token of an http source: RLHF_REWARD_<NAME>_TOKEN."""
-    return f"RLHF_REWARD_{source_name.upper().replace('-', '_')}_TOKEN"
 
 
 class HTTPScorer:
@@ -74,5 +70,5 @@ def http_source(source: RewardSource, context: SourceContext) -> HTTPScorer:
     spec = source.http
     return HTTPScorer(
         spec.url, batch_size=spec.batch_size, timeout=spec.timeout_seconds, retries=spec.retries,
-        token=os.environ.get(token_env_var(source.name)),
+        token=os.environ.get(contract.reward_token_env(source.name)),
     )

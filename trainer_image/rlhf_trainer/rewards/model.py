@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from rlhf_operator.api.v1alpha1 import ModelSpec, RewardSource
+from rlhf_api.v1alpha1 import ModelSpec, RewardSource
 
 from ..paths import resolve
 

@@ -22,8 +22,9 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import Tensor
 
-from rlhf_operator.api.v1alpha1 import RLHFJobSpec
-from rlhf_operator.api.validation import FieldError, InvalidJob
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import RLHFJobSpec
+from rlhf_api.validation import FieldError, InvalidJob
 
 from ..experience import Experience
 from .model_worker import ModelConfig, ModelWorker
@@ -50,21 +51,15 @@ class Placement:
         return 1.0 / users[bundle]
 
 
-# The model groups of each offline algorithm (offline.py trains them); they use no vLLM engines.
-OFFLINE_ROLES = {"sft": ["actor"], "dpo": ["actor", "reference"], "ipo": ["actor", "reference"],
-                 "cdpo": ["actor", "reference"], "kto": ["actor", "reference"], "rm": ["rm"]}
-
-
 def roles_of(spec: RLHFJobSpec) -> list[str]:
-    """The model groups a job needs: the reference only with a KL penalty, the reward model only
-    when a reward source uses it; an offline algorithm's from OFFLINE_ROLES."""
-    if spec.algorithm in OFFLINE_ROLES:
-        return list(OFFLINE_ROLES[spec.algorithm])
-    roles = ["actor"]
+    """The model groups a job needs: its algorithm's (the catalogue's), and for online RL the reference
+    only with a KL penalty and the reward model only when a reward source uses it."""
+    algorithm = ALGORITHMS[spec.algorithm]
+    roles = list(algorithm.roles)
+    if not algorithm.online:
+        return roles
     if spec.training.kl.coef > 0:
-        roles.append("reference")
-    if spec.algorithm == "ppo":
-        roles.append("critic")
+        roles.insert(1, "reference")
     if spec.reward and any(source.type == "model" for source in spec.reward.sources):
         roles.append("reward")
     return roles
@@ -75,7 +70,7 @@ def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
     roles, colocation = roles_of(spec), spec.training.colocation
     explicit = {role: getattr(spec.resources.gpus, "actor" if role == "rm" else role) for role in roles}
     tp = spec.rollout.tensor_parallel_size
-    engines = 0 if spec.algorithm in OFFLINE_ROLES else spec.rollout.engines
+    engines = spec.rollout.engines if ALGORITHMS[spec.algorithm].online else 0
     engine_gpus = engines * tp
     if not use_gpu:
         sizes = {role: explicit[role] or 1 for role in roles}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rlhf_operator.api.v1alpha1 import ModelSpec, TrainingSpec
+from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..algorithms.kl import compute_kl, kl_in_loss
 from ..experience import Experience

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rlhf_operator.api.v1alpha1 import RolloutSpec
+from rlhf_api.v1alpha1 import RolloutSpec
 
 # The engine actor's environment on CPU (set through Ray's runtime_env, before vLLM is imported).
 CPU_ENV = {

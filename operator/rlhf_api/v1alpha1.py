@@ -12,34 +12,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from . import algorithms
+from .algorithms import cel_list, prose
+
 GROUP = "rlhf.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
-# Where the operator puts things in the Ray pods and the trainer finds them.
-JOB_CONFIG_DIR = "/etc/rlhf"  # the job's ConfigMap: job.yaml, the RLHFJob manifest with defaults applied
-JOB_CONFIG_FILE = "job.yaml"
-REWARD_FUNCTIONS_DIR = "/etc/rlhf/rewards"  # <source name>/ holds a function source's ConfigMap files
+Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
 
-Algorithm = Literal[
-    "ppo", "grpo", "dr-grpo", "reinforce++", "reinforce++-baseline", "rloo",
-    "dpo", "ipo", "cdpo", "kto", "sft", "rm",
-]
-ONLINE_ALGORITHMS = ("ppo", "grpo", "dr-grpo", "reinforce++", "reinforce++-baseline", "rloo")
-PREFERENCE_ALGORITHMS = ("dpo", "ipo", "cdpo", "kto", "rm")
-# Estimators that compare the samples of one prompt with each other need a group of them.
-GROUP_ALGORITHMS = ("grpo", "dr-grpo", "rloo", "reinforce++-baseline")
-# The advantage estimator each online algorithm uses (keys of rlhf_trainer's registry).
-ADVANTAGE_ESTIMATOR = {
-    "ppo": "gae",
-    "grpo": "group-norm",
-    "dr-grpo": "dr-grpo",
-    "reinforce++": "reinforce++",
-    "reinforce++-baseline": "reinforce++-baseline",
-    "rloo": "rloo",
-}
+ONLINE, OFFLINE = cel_list(algorithms.ONLINE), cel_list(algorithms.OFFLINE)
+PREFERENCES = algorithms.reading("preferences")
 
 Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi)?$", max_length=32)]
 # Kubernetes objects we pass through untouched (tolerations, affinity, envFrom entries...).
@@ -135,6 +120,15 @@ class ModelsSpec(APIModel):
     """Frozen model the KL penalty is measured against. Defaults to the actor's initial weights."""
     reward: ModelSpec | None = None
     """Reward model (sequence classifier with one label) used by reward sources of type model."""
+
+    def source(self, role: str) -> tuple[str, ModelSpec]:
+        """The field a model group loads: the critic defaults to the reward model, else the actor (with a
+        fresh value head); the reference to the actor's initial weights; rm trains the actor field."""
+        fallbacks = {"critic": ("critic", "reward", "actor"), "reference": ("reference", "actor"), "rm": ("actor",)}
+        for field in fallbacks.get(role, (role,)):
+            if (model := getattr(self, field)) is not None:
+                return field, model
+        raise ValueError(f"spec.models has no model for the {role} group")
 
 
 # ----------------------------------------------------------------------------------------- reward
@@ -248,12 +242,11 @@ class DatasetSpec(APIModel):
 class DataSpec(APIModel):
     """Training data. Which dataset is needed follows from spec.algorithm."""
 
-    prompts: DatasetSpec | None = None
-    """Prompts for online RL (ppo, grpo, dr-grpo, reinforce++, reinforce++-baseline, rloo)."""
-    preferences: DatasetSpec | None = None
-    """Pairs (chosen/rejected) for dpo, ipo, cdpo and rm; records with a desirable flag for kto."""
-    sft: DatasetSpec | None = None
-    """Prompt/response records for sft."""
+    prompts: DatasetSpec | None = Field(None, description=f"Prompts for online RL ({', '.join(algorithms.ONLINE)}).")
+    preferences: DatasetSpec | None = Field(None, description=(
+        f"Pairs (chosen/rejected) for {', '.join(PREFERENCES)}; for kto also records with a desirable flag."))
+    sft: DatasetSpec | None = Field(None, description=(
+        f"Prompt/response records for {', '.join(algorithms.reading('sft'))}."))
     max_prompt_tokens: int = Field(1024, ge=8, le=1 << 20)
     """Prompts longer than this are truncated from the left."""
     max_tokens: int = Field(2048, ge=16, le=1 << 20)
@@ -518,23 +511,25 @@ class RLHFJobSpec(APIModel):
     """An RLHF or RL post-training run."""
 
     model_config = cel(
-        ("!(self.algorithm in ['ppo','grpo','dr-grpo','reinforce++','reinforce++-baseline','rloo']) || has(self.data.prompts)",
+        (f"!(self.algorithm in {ONLINE}) || has(self.data.prompts)",
          "online algorithms train on prompts: set spec.data.prompts", ".data"),
-        ("!(self.algorithm in ['ppo','grpo','dr-grpo','reinforce++','reinforce++-baseline','rloo']) || has(self.reward)",
+        (f"!(self.algorithm in {ONLINE}) || has(self.reward)",
          "online algorithms need a reward: set spec.reward.sources", ".algorithm"),
-        ("!(self.algorithm in ['dpo','ipo','cdpo','kto','rm']) || has(self.data.preferences)",
-         "dpo, ipo, cdpo, kto and rm train on preference data: set spec.data.preferences", ".data"),
-        ("self.algorithm != 'sft' || has(self.data.sft)", "sft trains on prompt/response records: set spec.data.sft", ".data"),
-        ("!(self.algorithm in ['grpo','dr-grpo','rloo','reinforce++-baseline']) || self.rollout.samplesPerPrompt > 1",
+        (f"!(self.algorithm in {cel_list(PREFERENCES)}) || has(self.data.preferences)",
+         f"{prose(PREFERENCES)} train on preference data: set spec.data.preferences", ".data"),
+        (f"!(self.algorithm in {cel_list(algorithms.reading('sft'))}) || has(self.data.sft)",
+         f"{prose(algorithms.reading('sft'))} trains on prompt/response records: set spec.data.sft", ".data"),
+        (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
          "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
          ".rollout.samplesPerPrompt"),
-        ("self.algorithm == 'ppo' || !has(self.models.critic)",
-         "only ppo uses a critic: remove spec.models.critic or set algorithm: ppo", ".models.critic"),
-        ("self.algorithm in ['ppo','grpo','dr-grpo','reinforce++','reinforce++-baseline','rloo'] || !has(self.reward)",
+        (f"self.algorithm in {cel_list(algorithms.USES_CRITIC)} || !has(self.models.critic)",
+         f"only {prose(algorithms.USES_CRITIC)} uses a critic: remove spec.models.critic or set algorithm: "
+         f"{algorithms.USES_CRITIC[0]}", ".models.critic"),
+        (f"self.algorithm in {ONLINE} || !has(self.reward)",
          "offline algorithms learn from the dataset, not a reward: remove spec.reward", ".reward"),
         ("!has(self.reward) || !self.reward.sources.exists(s, s.type == 'model') || has(self.models.reward)",
          "a reward source of type model scores with spec.models.reward: set it", ".models"),
-        ("!(self.algorithm in ['ppo','grpo','dr-grpo','reinforce++','reinforce++-baseline','rloo']) || (self.training.rolloutBatchSize * self.rollout.samplesPerPrompt) % self.training.trainBatchSize == 0",
+        (f"!(self.algorithm in {ONLINE}) || (self.training.rolloutBatchSize * self.rollout.samplesPerPrompt) % self.training.trainBatchSize == 0",
          "each rollout must split into whole optimizer steps: make rolloutBatchSize * samplesPerPrompt a multiple of trainBatchSize",
          ".training.trainBatchSize"),
         ("self.training.colocation != 'all' || self.resources.gpusPerNode == 0 || self.rollout.engines * self.rollout.tensorParallelSize <= self.resources.nodes * self.resources.gpusPerNode",
@@ -546,8 +541,9 @@ class RLHFJobSpec(APIModel):
          "spec.reward and spec.models define the run and are immutable; create a new RLHFJob instead"),
     )
 
-    algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"))
-    """The training algorithm. Online RL: ppo, grpo, dr-grpo, reinforce++, reinforce++-baseline, rloo. Offline: dpo, ipo, cdpo, kto, sft, rm (reward model)."""
+    algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(
+        f"The training algorithm. Online RL: {', '.join(algorithms.ONLINE)}. "
+        f"Offline: {', '.join(algorithms.OFFLINE)} (rm trains a reward model)."))
     models: ModelsSpec = Field(json_schema_extra=immutable("models"))
     """The models."""
     reward: RewardSpec | None = Field(None, json_schema_extra=immutable("reward"))

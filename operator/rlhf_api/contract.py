@@ -1,0 +1,41 @@
+"""The pod contract: what the operator puts into the Ray pods and the trainer reads there.
+
+Every path, environment variable and port that crosses from one half to the other is declared
+here once; `rlhf_operator.render` writes them into the RayJob and `rlhf_trainer` reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+# The job's ConfigMap: job.yaml is the RLHFJob manifest with defaults applied (`rlhf run` reads it).
+JOB_CONFIG_DIR = "/etc/rlhf"
+JOB_CONFIG_FILE = "job.yaml"
+JOB_CONFIG_PATH = f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}"
+# <source name>/ holds the files of a function reward source's ConfigMap.
+REWARD_FUNCTIONS_DIR = f"{JOB_CONFIG_DIR}/rewards"
+# models.<field>.pvc is mounted (at its subPath) on MODELS_DIR/<field>; models.<field>.path is inside it.
+MODELS_DIR = "/mnt/models"
+
+# Who the job is: the trainer patches this RLHFJob's status.
+JOB_NAME_ENV = "RLHF_JOB_NAME"
+JOB_NAMESPACE_ENV = "RLHF_JOB_NAMESPACE"
+# The trainer's Prometheus endpoint on the head pod, exposed as the container port METRICS_PORT_NAME.
+METRICS_PORT_ENV = "RLHF_METRICS_PORT"
+METRICS_PORT = 9400
+METRICS_PORT_NAME = "metrics"
+
+
+def reward_token_env(source_name: str) -> str:
+    """The variable holding an http reward source's bearer token (set from its Secret by reference)."""
+    return f"RLHF_REWARD_{source_name.upper().replace('-', '_')}_TOKEN"
+
+
+def model_mount(field: str) -> str:
+    """Where the PVC of spec.models.<field> is mounted in every Ray pod."""
+    return f"{MODELS_DIR}/{field}"
+
+
+def model_on_pvc(field: str, path: str) -> str:
+    """The directory of a model whose spec.models.<field>.path lies on its PVC."""
+    return str(PurePosixPath(model_mount(field)) / path.lstrip("/"))
