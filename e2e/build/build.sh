@@ -9,7 +9,7 @@
 #
 # Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|helm|paths]...   (default: all)
 #
-# Versions are pinned in versions.env (also read by e2e/controlplane.py). Binaries land in
+# Versions are pinned in versions.env (also read by e2e/controlplane/). Binaries land in
 #   ${RLHF_CACHE:-$HOME/.cache/rlhf-operator}/bin/<name>-<version>/
 # next to a .stamp holding a hash of the build inputs; when the stamp matches, the step is a
 # no-op, so a second run costs well under a second. kubectl is not built here: it comes from the
@@ -169,7 +169,7 @@ build_helm() {
   finish helm "$tmp" "$dir" "$key" "$start"
 }
 
-# Paths of the built binaries, as shell assignments (also what controlplane.py computes).
+# Paths of the built binaries, as shell assignments (also what e2e/controlplane/binaries.py computes).
 print_paths() {
   cat <<EOF
 KUBE_APISERVER=$BIN/kubernetes-$KUBERNETES_VERSION/kube-apiserver

@@ -1,0 +1,77 @@
+"""kube-apiserver: RBAC, the PKI of certs.py, service-account tokens; writes the kubeconfig."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING
+
+import yaml
+
+from .certs import ADMIN_USER
+
+if TYPE_CHECKING:
+    from .cluster import ControlPlane
+
+CLUSTER_NAME = "rlhf-e2e"
+SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+def start(cp: ControlPlane) -> None:
+    port = cp.ports["kube-apiserver"]
+    pki = cp.pki
+    cp._spawn("kube-apiserver", [
+        str(cp.binaries.kube_apiserver),
+        f"--etcd-servers=http://127.0.0.1:{cp.ports['etcd-client']}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        # The "kubernetes" Service's endpoints may not be a loopback address, and nothing
+        # here runs in a real pod network: do not reconcile them.
+        "--endpoint-reconciler-type=none",
+        f"--secure-port={port}",
+        f"--cert-dir={pki}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        "--authorization-mode=Node,RBAC",
+        "--anonymous-auth=true",  # /livez, /readyz, /version stay reachable
+        f"--service-account-issuer={SA_ISSUER}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--api-audiences={SA_ISSUER}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        "--enable-admission-plugins=NodeRestriction",
+        "--profiling=false",
+        "--event-ttl=1h",
+        "--v=1",
+    ])
+    cp._wait(lambda: cp._request("GET", "/readyz", ok=())[0] == 200, 120,
+             "kube-apiserver /readyz")
+    write_kubeconfig(cp)
+
+
+def write_kubeconfig(cp: ControlPlane) -> None:
+    ca = base64.b64encode((cp.pki / "ca.crt").read_bytes()).decode()
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": CLUSTER_NAME, "cluster": {
+            "server": cp.server, "certificate-authority-data": ca}}],
+        "users": [{"name": ADMIN_USER, "user": {"token": cp.token}}],
+        "contexts": [{"name": CLUSTER_NAME, "context": {
+            "cluster": CLUSTER_NAME, "user": ADMIN_USER, "namespace": "default"}}],
+        "current-context": CLUSTER_NAME,
+    }
+    tmp = cp.kubeconfig.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    tmp.chmod(0o600)
+    tmp.replace(cp.kubeconfig)

@@ -1,0 +1,306 @@
+"""ControlPlane: the facade that starts, stops and attaches to a whole control plane.
+
+Each component lives in its own module (etcd, apiserver, components, kwok, kuberay) as
+functions of the ControlPlane; the underscore methods below (_spawn, _wait, _request,
+_get_json, _save_state) are the package-internal toolkit those functions use.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import apiserver, components, crds, etcd, kuberay, kwok, seed
+from .binaries import BUILD_TARGETS, Binaries, cache_dir, find_kubectl
+from .certs import make_pki, write_admin_token
+from .client import request
+from .errors import ControlPlaneError
+from .process import Process, free_ports, prune, spawn, tail, wait_until
+from .state import load_state, save_state
+
+# Run dirs kept after failed sessions (under <cache>/e2e-runs), newest first.
+RUNS_KEPT = 8
+# Order of stopping: dependents first.
+STOP_ORDER = (
+    "kuberay-operator",
+    "kwok",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+)
+
+
+class ControlPlane:
+    """etcd + kube-apiserver, plus optional controller-manager, scheduler, kwok and KubeRay.
+
+    state_dir holds certificates, the kubeconfig, etcd's data, one log per process and
+    state.json (ports, PIDs, timings). A temporary one is made when none is given.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        controller_manager: bool = True,
+        scheduler: bool = True,
+        kwok: bool = False,
+        kuberay: bool = False,
+        crds: bool = True,
+        crd_paths: Iterable[Path] | None = None,
+        build: bool = True,
+        seed: bool | None = None,
+        die_with_parent: bool = True,
+        log: Callable[[str], None] | None = None,
+        binaries: Binaries | None = None,
+    ) -> None:
+        self._own_state_dir = state_dir is None
+        if state_dir is None:
+            runs = cache_dir() / "e2e-runs"
+            runs.mkdir(parents=True, exist_ok=True)
+            prune(runs, keep=RUNS_KEPT)
+            state_dir = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs)
+        self.state_dir = Path(state_dir).resolve()
+        self.want_controller_manager = controller_manager
+        self.want_scheduler = scheduler
+        self.want_kwok = kwok
+        self.want_kuberay = kuberay
+        self.want_crds = crds
+        self.extra_crd_paths = list(crd_paths or [])
+        self.build = build
+        # Start etcd from a cached copy that already holds the CRDs (see seed.py).
+        self.use_seed = (os.environ.get("RLHF_E2E_NO_SEED") != "1") if seed is None else seed
+        self.seeded_from: Path | None = None
+        self.crd_names: list[str] = []
+        self.die_with_parent = die_with_parent
+        self.log = log or (lambda msg: print(f"[controlplane] {msg}", file=sys.stderr, flush=True))
+        self.binaries = binaries or Binaries.default()
+        self.versions = self.binaries.versions
+        self.processes: dict[str, Process] = {}
+        self.ports: dict[str, int] = {}
+        self.timings: dict[str, float] = {}
+        self.token = ""
+        self.fake_nodes: list[str] = []
+        # CRD file -> the API server's refusal, for the repo's own CRDs (see install_all_crds).
+        self.crd_errors: dict[str, str] = {}
+        self._t0 = 0.0
+
+    # ----------------------------------------------------------------- paths & access
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def pki(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for a subprocess that should talk to this control plane."""
+        env = dict(os.environ if base is None else base)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        no_proxy = [p for p in env.get("NO_PROXY", "").split(",") if p]
+        env["NO_PROXY"] = env["no_proxy"] = ",".join([*no_proxy, "127.0.0.1", "localhost"])
+        return env
+
+    def api_client(self):
+        """A kubernetes.client.ApiClient for this control plane (the global config is untouched)."""
+        from kubernetes import config as kconfig
+
+        return kconfig.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [find_kubectl(), "--kubeconfig", str(self.kubeconfig), *args], input=input,
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env(),
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise ControlPlaneError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+        return proc
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(keep_state=exc_type is not None)
+
+    def start(self) -> ControlPlane:
+        self._t0 = time.monotonic()
+        try:
+            if self.build:
+                self._phase("build", lambda: self.binaries.ensure(self._build_targets(), self.log))
+            self._phase("prepare", self._prepare)
+            etcd_seed = None
+            if self.want_crds and self.use_seed:
+                t = time.monotonic()
+                etcd_seed = seed.etcd_seed(self)
+                self.timings["etcd-seed"] = round(time.monotonic() - t, 2)
+            self._phase("etcd", lambda: etcd.start(self, etcd_seed))
+            self._phase("kube-apiserver", lambda: apiserver.start(self))
+            # Launched now, waited for after the CRDs: their start overlaps the CRD install.
+            if self.want_controller_manager:
+                components.launch_controller_manager(self)
+            if self.want_scheduler:
+                components.launch_scheduler(self)
+            if self.want_crds:
+                self._phase("crds", lambda: seed.crds_from_seed(self, etcd_seed) if etcd_seed
+                            else self.install_all_crds())
+            if self.want_controller_manager:
+                self._phase("kube-controller-manager",
+                            lambda: components.wait_controller_manager(self))
+            if self.want_scheduler:
+                self._phase("kube-scheduler", lambda: components.wait_scheduler(self))
+            if self.want_kwok:
+                self.start_kwok()
+            if self.want_kuberay:
+                self.start_kuberay()
+            self.timings["start_total"] = round(time.monotonic() - self._t0, 2)
+            self._save_state()
+            self.log(f"ready in {self.timings['start_total']:.1f}s at {self.server} "
+                     f"(state {self.state_dir})")
+        except BaseException:
+            self.dump_logs()
+            self.stop(keep_state=True)
+            raise
+        return self
+
+    def stop(self, keep_state: bool = False) -> None:
+        """Stop every process by PID; remove a temporary state dir unless keep_state."""
+        names = [n for n in STOP_ORDER if n in self.processes]
+        names += [n for n in self.processes if n not in names]
+        for name in names:
+            self.processes[name].stop()
+        self.processes.clear()
+        if keep_state:
+            self.log(f"kept state and logs in {self.state_dir}")
+        elif self._own_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def dump_logs(self, lines: int = 40) -> None:
+        """Print the tail of every process log (to stderr) after a failure."""
+        for name, proc in self.processes.items():
+            state = "running" if proc.alive() else "exited"
+            text = tail(proc.log, lines)
+            print(f"----- {name} (pid {proc.pid}, {state}) {proc.log} -----\n{text}",
+                  file=sys.stderr, flush=True)
+
+    # ----------------------------------------------------------------- optional parts
+    def _start_optional(self, name: str, target: str, start: Callable[[ControlPlane], None]
+                        ) -> None:
+        """Start process `name` once (build target first): start(self), timed, saved."""
+        if name in self.processes:
+            return
+        t0 = time.monotonic()
+        if self.build:
+            self.binaries.ensure([target], self.log)
+        start(self)
+        self.timings[name] = round(time.monotonic() - t0, 2)
+        self._save_state()
+
+    def start_kwok(self) -> list[str]:
+        """Start kwok and create the fake nodes of e2e/kwok/nodes.yaml; wait until Ready."""
+        self._start_optional("kwok", "kwok", kwok.start)
+        self.want_kwok = True
+        return self.fake_nodes
+
+    def start_kuberay(self) -> None:
+        """Start the KubeRay operator (its CRDs are installed by install_all_crds)."""
+        self._start_optional("kuberay-operator", "kuberay", kuberay.start)
+        self.want_kuberay = True
+
+    # ----------------------------------------------------------------- CRDs (crds.py)
+    def repo_crd_files(self) -> list[Path]:
+        """Every YAML in the repo's crds/ plus any extra paths given."""
+        return crds.repo_crd_files(self.extra_crd_paths)
+
+    def kuberay_crd_files(self) -> list[Path]:
+        return crds.kuberay_crd_files(self.binaries)
+
+    def install_all_crds(self) -> None:
+        """KubeRay's CRDs (must apply) and the repo's crds/; a refused repo CRD goes to
+        crd_errors instead of failing the start."""
+        crds.install_all(self)
+
+    def install_crds(self, files: Sequence[Path]) -> list[str]:
+        """Server-side apply CRD files; wait until Established. Returns the CRD names."""
+        return crds.install(self, files)
+
+    # ----------------------------------------------------------------- internals
+    def _build_targets(self) -> list[str]:
+        return list(BUILD_TARGETS)
+
+    def _phase(self, name: str, fn: Callable[[], Any]) -> None:
+        t = time.monotonic()
+        fn()
+        self.timings[name] = round(time.monotonic() - t, 2)
+
+    def _prepare(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        self.pki.mkdir(exist_ok=True)
+        names = ["etcd-client", "etcd-peer", "kube-apiserver", "kube-controller-manager",
+                 "kube-scheduler"]
+        self.ports.update(zip(names, free_ports(len(names)), strict=True))
+        self.token = secrets.token_hex(24)
+        write_admin_token(self.pki, self.token)
+        make_pki(self.pki)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        proc = spawn(name, argv, self.logs_dir / f"{name}.log", cwd=self.state_dir,
+                     env=env or self.env(), with_parent=self.die_with_parent)
+        self.processes[name] = proc
+        self._save_state()
+        return proc
+
+    def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll cond until true; fail fast when one of our processes has died."""
+        wait_until(cond, timeout, what, self.processes.values(), self.logs_dir)
+
+    def _request(self, method: str, path: str, body: Any = None, ok: Sequence[int] = (200,),
+                 timeout: float = 10) -> tuple[int, Any]:
+        return request(self.server, self.token, self.pki / "ca.crt", method, path, body, ok,
+                       timeout)
+
+    def _get_json(self, path: str) -> tuple[int, Any]:
+        return self._request("GET", path, ok=())
+
+    # ----------------------------------------------------------------- state file
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def _save_state(self) -> None:
+        save_state(self)
+
+    @classmethod
+    def attach(cls, state_dir: Path | str) -> ControlPlane:
+        """A handle on a control plane started by another process (e.g. `up`)."""
+        cp = cls(state_dir, build=False, die_with_parent=False)
+        cp._own_state_dir = False
+        load_state(cp)
+        return cp
+
+    def healthy(self) -> bool:
+        return (all(p.alive() for p in self.processes.values())
+                and "kube-apiserver" in self.ports
+                and self._request("GET", "/readyz", ok=())[0] == 200)

@@ -1,0 +1,78 @@
+"""CustomResourceDefinitions: KubeRay's (from its build) and the repo's crds/."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from .binaries import REPO, Binaries
+from .client import conditions
+from .errors import ControlPlaneError
+
+if TYPE_CHECKING:
+    from .cluster import ControlPlane
+
+CRDS_DIR = REPO / "crds"
+FIELD_MANAGER = "rlhf-e2e"
+
+
+def repo_crd_files(extra_paths: Iterable[Path]) -> list[Path]:
+    """Every YAML in the repo's crds/ plus any extra paths given."""
+    files = sorted(p for p in CRDS_DIR.glob("*.y*ml") if p.is_file()) if CRDS_DIR.is_dir() else []
+    for extra in extra_paths:
+        extra = Path(extra)
+        files += sorted(extra.glob("*.y*ml")) if extra.is_dir() else [extra]
+    return files
+
+
+def kuberay_crd_files(binaries: Binaries) -> list[Path]:
+    return sorted(binaries.kuberay_crds.glob("*.yaml"))
+
+
+def install_all(cp: ControlPlane) -> None:
+    """KubeRay's CRDs (must apply) and the repo's crds/ (each file on its own).
+
+    A repo CRD the API server refuses does not stop the control plane: the refusal is
+    kept in crd_errors (and logged) so only the tests that need that CRD fail, with the
+    API server's message.
+    """
+    cp.crd_names += install(cp, cp.kuberay_crd_files())
+    for f in cp.repo_crd_files():
+        try:
+            cp.crd_names += install(cp, [f])
+        except ControlPlaneError as e:
+            cp.crd_errors[str(f)] = str(e)
+            cp.log(f"CRD {f} was refused by the API server:\n{e}")
+
+
+def install(cp: ControlPlane, files: Sequence[Path]) -> list[str]:
+    """Server-side apply CRD files (too big for client-side apply); wait until Established."""
+    files = list(files)
+    if not files:
+        return []
+    names = []
+    for f in files:
+        for doc in yaml.safe_load_all(Path(f).read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                names.append(doc["metadata"]["name"])
+    args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}"]
+    for f in files:
+        args += ["-f", str(f)]
+    cp.kubectl(*args)
+    wait_established(cp, names)
+    return names
+
+
+def wait_established(cp: ControlPlane, names: Sequence[str]) -> None:
+    def established() -> bool:
+        for name in names:
+            status, crd = cp._get_json(
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            if status != 200 or conditions(crd).get("Established") != "True":
+                return False
+        return True
+
+    cp._wait(established, 60, f"CRDs Established: {', '.join(names)}")
