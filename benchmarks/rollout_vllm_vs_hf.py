@@ -35,15 +35,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_cpu_vs_trl import (  # noqa: E402  (this directory's shared helpers)
+from measure import (  # noqa: E402  (this directory's shared helpers)
     OFFLINE_ENV,
     REPO,
     TINY,
     TreeMemory,
-    _cpu_model,
-    _total_memory,
+    cpu_model,
     git_commit,
     load_job,
+    total_memory,
     versions,
 )
 
@@ -283,7 +283,7 @@ def main() -> int:
         "command": "python benchmarks/rollout_vllm_vs_hf.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git_commit": git_commit(),
-        "machine": {"cpus": os.cpu_count(), "processor": _cpu_model(), "memory_gib": round(_total_memory() / 2**30, 1)},
+        "machine": {"cpus": os.cpu_count(), "processor": cpu_model(), "memory_gib": round(total_memory() / 2**30, 1)},
         "versions": versions(),
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
