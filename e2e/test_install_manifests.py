@@ -48,14 +48,16 @@ def test_operator_deployment_is_stored_with_a_hardened_pod(installed, kube_api):
     ("watch", "rlhfjobs.rlhf.dev"), ("patch", "rlhfjobs.rlhf.dev/status"), ("delete", "rlhfjobs.rlhf.dev"),
     ("create", "rayjobs.ray.io"), ("delete", "rayjobs.ray.io"), ("create", "configmaps"),
     ("create", "serviceaccounts"), ("create", "roles.rbac.authorization.k8s.io"),
-    ("create", "rolebindings.rbac.authorization.k8s.io"), ("create", "events"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"), ("create", "events"), ("list", "pods"),
+    ("patch", "workloads.kueue.x-k8s.io"),
 ])
 def test_operator_may_do_its_work(installed, verb, resource):
     assert can_i(installed, verb, resource, "-A")
 
 
 @pytest.mark.parametrize("verb,resource", [
-    ("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("create", "clusterroles"),
+    ("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "pods"), ("create", "clusterroles"),
+    ("delete", "workloads.kueue.x-k8s.io"),
     ("create", "rayclusters.ray.io"), ("delete", "namespaces"),
 ])
 def test_operator_may_do_nothing_else(installed, verb, resource):

@@ -157,3 +157,34 @@ def test_status_subresource_is_separate_from_spec(kube_api: KubeAPI, rlhfjob_crd
             GROUP, VERSION, namespace, PLURAL, name, {"status": {"phase": "Exploded"}})
     assert refused.value.status == 422
     assert "status.phase" in json.loads(refused.value.body)["message"]
+
+
+@pytest.mark.parametrize("change", [{"queueName": "team-b"}, {"queueName": None}],
+                         ids=["changed", "removed"])
+def test_the_queue_is_chosen_once(kube_api: KubeAPI, rlhfjob_crd: str, namespace: str, change: dict) -> None:
+    """Kueue's webhook refuses to relabel an admitted RayJob, and an operator that tried looped on the
+    refusal; the API server refuses the edit instead, saying what to do."""
+    body = copy.deepcopy(_rlhfjobs(EXAMPLES[0])[0])
+    body["spec"]["queueName"] = "team-a"
+    created = _create(kube_api, namespace, body)
+    name = created["metadata"]["name"]
+    with pytest.raises(ApiException) as refused:
+        kube_api.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": change})
+    assert refused.value.status == 422
+    assert "delete the RLHFJob and create it again" in json.loads(refused.value.body)["message"]
+    unqueued = copy.deepcopy(_rlhfjobs(EXAMPLES[0])[0])
+    unqueued["metadata"]["name"] = f"{name}-unqueued"
+    _create(kube_api, namespace, unqueued)
+    with pytest.raises(ApiException):
+        kube_api.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, f"{name}-unqueued",
+                                                       {"spec": {"queueName": "team-a"}})
+    # The lifecycle fields stay editable.
+    kube_api.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                   {"spec": {"suspend": True, "activeDeadlineSeconds": 600}})
+
+
+def test_conditions_are_a_map_keyed_by_type(rlhfjob_crd: str) -> None:
+    """Server-side apply merges conditions by type (kstatus, Argo CD) only with these markers."""
+    crd = yaml.safe_load(CRD.read_text())
+    conditions = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.controlplane import ControlPlane, free_ports
 from e2e.fixtures import wait_for
+from e2e.operator.inprocess import event_poster, operator_client, trainer  # noqa: F401 - fixtures of in-process tests
 from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
 

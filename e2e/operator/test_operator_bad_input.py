@@ -35,17 +35,23 @@ def test_more_gpus_per_node_than_the_product_has(kube, namespace, operator, kube
     assert_settles(kube, namespace, operator, "greedy", "TooManyGPUsPerNode")
 
 
-def test_missing_reward_config_map(kube, namespace, operator, kuberay_paused):
+def test_a_missing_reward_config_map_is_waited_for(kube, namespace, operator, kuberay_paused):
+    """Pending with the reason (no children, no hot loop) until the ConfigMap appears, then it starts."""
     operator.start()
     job = rlhf_job("grpo", algorithm="grpo", data={"prompts": {"sources": [{"path": "org/prompts"}]}},
                    rollout={"samplesPerPrompt": 4}, training={"rolloutBatchSize": 32, "trainBatchSize": 128},
                    reward={"sources": [{"name": "math", "type": "function",
                                         "function": {"entrypoint": "m.py:score", "configMap": "math-reward"}}]})
     create_job(kube, namespace, job)
-    failed = wait_phase(kube, namespace, "grpo", "Failed", "RewardConfigMapNotFound")["status"]
-    assert "ConfigMap 'math-reward'" in failed["message"]
-    assert f"kubectl -n {namespace} create configmap math-reward" in failed["message"]
-    assert_settles(kube, namespace, operator, "grpo", "RewardConfigMapNotFound")
+    waiting = wait_phase(kube, namespace, "grpo", "Pending", "RewardConfigMapNotFound")["status"]
+    assert "ConfigMap 'math-reward'" in waiting["message"]
+    assert f"kubectl -n {namespace} create configmap math-reward" in waiting["message"]
+    assert not any(children(kube, namespace, "grpo").values())
+    assert [e["reason"] for e in events(kube, namespace, "grpo")] == ["RewardConfigMapNotFound"]
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "math-reward", "namespace": namespace},
+                 "data": {"m.py": "def score(prompts, completions, labels):\n    return [0.0] * len(prompts)\n"}})
+    wait_phase(kube, namespace, "grpo", "Pending", "RayJobCreated", timeout=60)  # kopf's retry picked it up
+    assert "rlhf_operator_errors_total{" not in operator.metrics()
 
 
 def test_a_same_named_object_of_someone_else_is_not_taken_over(kube, namespace, operator, kuberay_paused):

@@ -59,7 +59,10 @@ def test_progress_and_metrics_are_throttled_and_leave_the_operators_fields(job, 
     clock.now += 1
     reporter.log(6, {"reward_mean": 0.6})
     reporter.finish("succeeded")  # the final numbers are written whatever the throttle says
-    assert get_job(job, namespace, "reported")["status"]["progress"]["step"] == 6
+    progress = get_job(job, namespace, "reported")["status"]["progress"]
+    assert progress["step"] == 6 and progress["result"] == "Succeeded"  # the operator's evidence of the end
+    reporter.start(total_steps=10)  # a retried attempt starts without the previous one's result
+    assert "result" not in get_job(job, namespace, "reported")["status"]["progress"]
     api_client.close()
 
 

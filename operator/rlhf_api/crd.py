@@ -110,5 +110,5 @@ def custom_resource_definition() -> dict[str, Any]:
 
 
 def render() -> str:
-    header = "# Generated from operator/rlhf_api/v1alpha1.py by `rlhf crd`. Do not edit.\n"
+    header = "# Generated from operator/rlhf_api/v1alpha1/ by `rlhf crd`. Do not edit.\n"
     return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)

@@ -1,7 +1,9 @@
 """What only the operator can judge about a spec the CRD admitted: can it be realised here?
 
 A check that fails raises Unrealisable with a CamelCase reason and a message that says what to
-change; the job then ends Failed instead of leaving pods Pending forever.
+change; the job then ends Failed instead of leaving pods Pending forever. What may still appear
+(a ConfigMap applied after the job: `kubectl apply -f dir/` goes in name order) raises Waiting,
+as a pod waits for its volumes, and becomes Unrealisable only after DEPENDENCY_WAIT_SECONDS.
 """
 
 from __future__ import annotations
@@ -29,11 +31,20 @@ GPUS_PER_NODE = {
 }
 
 
+# How long a job waits for what it references (a reward ConfigMap) before it fails; documented in
+# the README. Long enough for GitOps tools to apply a directory, short enough to notice a typo.
+DEPENDENCY_WAIT_SECONDS = 600
+
+
 class Unrealisable(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+class Waiting(Unrealisable):
+    """Not yet realisable: the job stays Pending with this reason and is checked again."""
 
 
 def check_gpus(spec: api.RLHFJobSpec) -> None:
@@ -46,19 +57,24 @@ def check_gpus(spec: api.RLHFJobSpec) -> None:
             f"most {most} GPUs: set gpusPerNode to {most} or less and raise spec.resources.nodes instead")
 
 
-def check_reward_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool]) -> None:
+def check_reward_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
+    """waited: seconds since the job was created."""
     namespace = job.metadata["namespace"]
     for source in job.spec.reward.sources if job.spec.reward else []:
         name = source.function.config_map if source.function else None
-        if name and not config_map_exists(name):
-            raise Unrealisable(
-                "RewardConfigMapNotFound",
-                f"reward source {source.name!r} loads its code from ConfigMap {name!r}, which does not exist in "
-                f"namespace {namespace}: create it (kubectl -n {namespace} create configmap {name} "
-                f"--from-file=<your reward .py files>), then delete and re-create this RLHFJob")
+        if not name or config_map_exists(name):
+            continue
+        missing = (f"reward source {source.name!r} loads its code from ConfigMap {name!r}, which does not exist in "
+                   f"namespace {namespace}")
+        create = f"kubectl -n {namespace} create configmap {name} --from-file=<your reward .py files>"
+        if waited < DEPENDENCY_WAIT_SECONDS:
+            raise Waiting("RewardConfigMapNotFound", f"{missing} yet: waiting up to {DEPENDENCY_WAIT_SECONDS}s "
+                          f"after creation for it to appear ({create})")
+        raise Unrealisable("RewardConfigMapNotFound", f"{missing} after {DEPENDENCY_WAIT_SECONDS}s: create it "
+                           f"({create}), then delete and re-create this RLHFJob")
 
 
-def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool]) -> None:
-    """Every check, cheapest first; raises Unrealisable on the first that fails."""
+def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
+    """Every check, cheapest first; raises Unrealisable (or Waiting) on the first that fails."""
     check_gpus(job.spec)
-    check_reward_config_maps(job, config_map_exists)
+    check_reward_config_maps(job, config_map_exists, waited)

@@ -4,6 +4,8 @@
   a resync timer repeats it for unfinished jobs, so nothing stays stuck on a lost event.
 - RayJob events (ours only, selected by label on the server): mirror status, recreate if deleted.
 - Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
+- Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
+  (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
 - Every RLHFJob event: the jobs-by-phase metric.
 
 The timer and the daemon make kopf put the finalizer rlhf.dev/finalizer on RLHFJobs (so it can
@@ -24,6 +26,7 @@ from .status import finished
 
 RESYNC_SECONDS = 120
 DEFAULT_METRICS_PORT = 8080
+DEADLINE_RECHECK_SECONDS = 30
 
 
 @kopf.on.startup()
@@ -54,6 +57,19 @@ async def delete_after_ttl(name: str, namespace: str, uid: str, spec: kopf.Spec,
     await asyncio.sleep(max(0.0, lifecycle.seconds_until_expiry(spec, status, lifecycle.now()) or 0.0))
     with metrics.measured("ttl"):
         await asyncio.to_thread(reconcile.expire, namespace, name, uid)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1,
+             when=lambda spec, status, **_: lifecycle.seconds_until_deadline(spec, status, lifecycle.now()) is not None)
+async def enforce_deadline(name: str, namespace: str, uid: str, spec: kopf.Spec, status: kopf.Status,
+                           **_: Any) -> None:
+    # spec and status are live: a resume (new startTime) or a raised deadline moves the wake-up.
+    while (left := lifecycle.seconds_until_deadline(spec, status, lifecycle.now())) is not None:
+        if left <= 0:
+            with metrics.measured("deadline"):
+                await asyncio.to_thread(reconcile.deadline_passed, namespace, name, uid)
+            return
+        await asyncio.sleep(min(left, DEADLINE_RECHECK_SECONDS))
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs")

@@ -24,6 +24,8 @@ RESOURCES = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayJob": ("/apis/ray.io/v1", "rayjobs"),
+    "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),  # Kueue's admission unit of a queued RayJob
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
 MERGE_PATCH = "application/merge-patch+json"

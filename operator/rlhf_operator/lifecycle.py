@@ -1,9 +1,10 @@
 """The RLHFJob's lifecycle fields and what they mean for its RayJob: suspend, deadlines, TTL.
 
-Pure functions. Suspend works through RayJob.spec.suspend, the same switch Kueue uses: KubeRay
-deletes the Ray cluster of a suspended RayJob and starts a new one on resume (the trainer resumes
-from the newest checkpoint). With spec.queueName, Kueue owns that switch while the user has not
-suspended the job.
+Pure functions. Suspend works through RayJob.spec.suspend: KubeRay deletes the Ray cluster of a
+suspended RayJob and starts a new one on resume (the trainer resumes from the newest checkpoint).
+With spec.queueName, Kueue owns that switch and the operator never writes it: suspending a queued
+job deactivates its Workload instead (kueue.py). The queue label is set once, at creation
+(spec.queueName is immutable: Kueue refuses to relabel an admitted job).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def ray_job_fields(spec: api.RLHFJobSpec) -> dict[str, Any]:
     """RayJob spec fields that follow the RLHFJob's mutable fields (None: field absent)."""
     return {
         "backoffLimit": spec.backoff_limit,
+        # Per attempt in KubeRay; the operator enforces the total across attempts (seconds_until_deadline).
         "activeDeadlineSeconds": spec.active_deadline_seconds,
+        "preRunningDeadlineSeconds": spec.startup_deadline_seconds,
         "ttlSecondsAfterFinished": min(spec.ttl_seconds_after_finished or 0, CLUSTER_TTL_MAX_SECONDS),
     }
 
@@ -36,9 +39,7 @@ def initial_suspend(spec: api.RLHFJobSpec) -> bool:
 
 def wanted_suspend(spec: api.RLHFJobSpec) -> bool | None:
     """The RayJob's suspend flag as the RLHFJob wants it; None leaves it to Kueue."""
-    if spec.suspend:
-        return True
-    return None if spec.queue_name else False
+    return None if spec.queue_name else spec.suspend
 
 
 def ray_job_patch(spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> dict[str, Any] | None:
@@ -48,13 +49,10 @@ def ray_job_patch(spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> dict[str, A
     suspend = wanted_suspend(spec)
     if suspend is not None and bool(current.get("suspend")) != suspend:
         changed["suspend"] = suspend
-    patch: dict[str, Any] = {"spec": changed} if changed else {}
-    if (ray_job["metadata"].get("labels") or {}).get(QUEUE_LABEL) != spec.queue_name:
-        patch["metadata"] = {"labels": {QUEUE_LABEL: spec.queue_name}}
-    return patch or None
+    return {"spec": changed} if changed else None
 
 
-def _parse(timestamp: str) -> datetime:
+def parse(timestamp: str) -> datetime:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
 
 
@@ -64,7 +62,18 @@ def seconds_until_expiry(spec: dict[str, Any], status: dict[str, Any] | None, no
     completed = (status or {}).get("completionTime")
     if ttl is None or not finished(status) or not completed:
         return None
-    return ttl - (now - _parse(completed)).total_seconds()
+    return ttl - (now - parse(completed)).total_seconds()
+
+
+def seconds_until_deadline(spec: dict[str, Any], status: dict[str, Any] | None, now: datetime) -> float | None:
+    """Seconds left of activeDeadlineSeconds (<= 0: exceeded), counted from status.startTime: the start of
+    the first attempt since the job was created or last resumed, so KubeRay's retries share one deadline
+    (KubeRay's own restarts with each). None: no deadline, or not running."""
+    deadline = spec.get("activeDeadlineSeconds")
+    started = (status or {}).get("startTime")
+    if deadline is None or not started or finished(status):
+        return None
+    return deadline - (now - parse(started)).total_seconds()
 
 
 def now() -> datetime:

@@ -7,6 +7,7 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import kopf
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -50,10 +51,13 @@ REGISTRY.register(JOBS)
 
 @contextmanager
 def measured(handler: str) -> Iterator[None]:
-    """Time a handler run and count what it raises (the exception still propagates to kopf)."""
+    """Time a handler run and count what it raises (the exception still propagates to kopf). A
+    TemporaryError is kopf's scheduled retry of a job that waits (e.g. for a ConfigMap), not an error."""
     with RECONCILE_SECONDS.labels(handler).time():
         try:
             yield
+        except kopf.TemporaryError:
+            raise
         except Exception as error:
             ERRORS.labels(type(error).__name__).inc()
             raise

@@ -9,6 +9,7 @@ restart the same state results, with one of each child.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 from typing import Any
@@ -16,19 +17,23 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import checks, kube, lifecycle, names, render, status
 from rlhf_api import v1alpha1 as api
 from rlhf_api.validation import InvalidJob, validate
+
+from . import checks, kube, kueue, lifecycle, names, pods, render, status
 
 log = logging.getLogger(__name__)
 
 # Test seam: RLHF_OPERATOR_CRASH_AFTER=<step> ends the process right after that step as abruptly
 # as a SIGKILL would. Steps: ConfigMap, ServiceAccount, Role, RoleBinding, RayJob (each after its
-# child exists) and status (after a status write). e2e/operator/test_crash.py restarts the
+# child exists) and status (after a status write). e2e/operator/test_operator_crash.py restarts the
 # operator after each and checks that it converges with no duplicates.
 CRASH_ENV = "RLHF_OPERATOR_CRASH_AFTER"
 CRASH_EXIT_CODE = 137
 STATUS_WRITE_ATTEMPTS = 5
+DEPENDENCY_RETRY_SECONDS = 15  # how often a job waiting for a ConfigMap looks again
+KUBERAY_RETRY_SECONDS = 30  # ... for the RayJob API to be served or to accept the RayJob
+_warned_invalid: set[tuple[str, int | None]] = set()  # (uid, generation): SpecNoLongerValid posted once each
 
 
 def crash_point(step: str) -> None:
@@ -105,7 +110,7 @@ def record(body: Any, observation: status.Observation, generation: int | None) -
             meta = body["metadata"]
             continue
         crash_point("status")
-        moved = status.transition(current, desired)
+        moved = status.transition(current, desired, warning=observation.warning)
         if moved:
             kopf.event(body, type=moved.type, reason=moved.reason, message=moved.message)
         return
@@ -114,14 +119,66 @@ def record(body: Any, observation: status.Observation, generation: int | None) -
 
 def fail(body: Any, reason: str, message: str) -> None:
     log.warning("RLHFJob %s/%s cannot run: %s", body["metadata"]["namespace"], body["metadata"]["name"], message)
-    record(body, status.Observation("Failed", reason, message), body["metadata"].get("generation"))
+    record(body, status.Observation("Failed", reason, message, warning=True), body["metadata"].get("generation"))
+
+
+def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
+    """Pending with a reason a human can act on; kopf calls reconcile again after retry_seconds."""
+    record(body, status.Observation("Pending", reason, message, warning=True), body["metadata"].get("generation"))
+    raise kopf.TemporaryError(message, delay=retry_seconds)
 
 
 def mirror(body: Any, ray_job: dict[str, Any], generation: int | None) -> None:
-    """Status from the RayJob. generation: the spec generation the RayJob was brought in line with."""
-    spec = body["spec"]
+    """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
+    or its pods (starting). generation: the spec generation the RayJob was brought in line with."""
+    spec, client = body["spec"], kube.client()
     observation = status.observe(ray_job, suspend=spec.get("suspend", False), queue_name=spec.get("queueName"))
+    if observation.reason == "Queued":
+        observation = observation.with_queue_reason(kueue.waiting_reason(kueue.workload(client, ray_job)))
+    elif observation.phase in ("Pending", "Provisioning"):
+        problem = pods.cluster_problem(ray_job)
+        cluster = (ray_job.get("status") or {}).get("rayClusterName")
+        if problem is None and cluster:
+            found = client.list("Pod", ray_job["metadata"]["namespace"], f"{pods.CLUSTER_LABEL}={cluster}")
+            problem = pods.pod_problem(found)
+        observation = observation.with_pod_problem(problem)
     record(body, observation, generation)
+
+
+def _age_seconds(meta: dict[str, Any]) -> float:
+    created = meta.get("creationTimestamp")
+    return (lifecycle.now() - lifecycle.parse(created)).total_seconds() if created else 0.0
+
+
+def _create_ray_job(body: Any, job: api.RLHFJob) -> dict[str, Any]:
+    """The RayJob, created if missing. An API server that does not serve RayJobs (KubeRay is not
+    installed) or refuses this one leaves the job Pending with the reason, retried, never lost."""
+    try:
+        return ensure(render.ray_job(job), body["metadata"]["uid"])
+    except ApiException as error:
+        if error.status == 404:
+            wait(body, "KubeRayNotInstalled", "this cluster does not serve RayJobs (ray.io/v1): install KubeRay's "
+                 "CRDs and operator; the job starts once they are there", KUBERAY_RETRY_SECONDS)
+        if error.status in (400, 403, 422):
+            wait(body, "RayJobNotCreated", f"the API server refused the RayJob ({error.status} {error.reason}): "
+                 f"{_api_message(error)}", KUBERAY_RETRY_SECONDS)
+        raise
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        return json.loads(error.body or "{}").get("message") or str(error.reason)
+    except ValueError:
+        return str(error.reason)
+
+
+def _reported_end(body: Any) -> tuple[str, str] | None:
+    """The trainer's own report that the run ended ((phase, message), from status.progress.result)."""
+    progress = (body.get("status") or {}).get("progress") or {}
+    result = progress.get("result")
+    if result not in status.TERMINAL:
+        return None
+    return result, f"The trainer reported the run {result.lower()} at step {progress.get('summary', '?')}; its RayJob is gone"
 
 
 def reconcile(body: Any) -> None:
@@ -129,28 +186,83 @@ def reconcile(body: Any) -> None:
     meta = body["metadata"]
     if meta.get("deletionTimestamp") or status.finished(body.get("status")):
         return
+    client = kube.client()
+    namespace = meta["namespace"]
+    ray_job = client.get("RayJob", namespace, names.ray_job(meta["name"]))
     try:
         job = validate(_manifest(body))
     except InvalidJob as invalid:
-        fail(body, "InvalidSpec", "; ".join(str(error) for error in invalid.errors))
+        problems = "; ".join(str(error) for error in invalid.errors)
+        if ray_job is None:
+            fail(body, "InvalidSpec", problems)
+            return
+        # Admitted by an earlier schema and running: a stricter operator must not leave a running
+        # RayJob behind a Failed status. Follow it, and say what a new job would have to change.
+        if (meta["uid"], meta.get("generation")) not in _warned_invalid:
+            _warned_invalid.add((meta["uid"], meta.get("generation")))
+            kopf.warn(body, reason="SpecNoLongerValid", message=f"this operator version would refuse the spec "
+                      f"({problems}); the running job continues: fix the spec before you create the next one")
+        mirror(body, ray_job, None)
         return
-    client = kube.client()
-    namespace = meta["namespace"]
+    if ray_job is None and (ended := _reported_end(body)) is not None:
+        record(body, status.Observation(ended[0], "RayJobGone", ended[1]), meta.get("generation"))
+        return
     try:
-        if client.get("RayJob", namespace, names.ray_job(meta["name"])) is None:
-            checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name))
+        if ray_job is None:
+            checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name), waited=_age_seconds(meta))
         for child in render.supporting_children(job):
             ensure(child, meta["uid"])
             crash_point(child["kind"])
-        ray_job = ensure(render.ray_job(job), meta["uid"])
+        ray_job = _create_ray_job(body, job)
         crash_point("RayJob")
+    except checks.Waiting as waiting:
+        wait(body, waiting.reason, waiting.message, DEPENDENCY_RETRY_SECONDS)
     except checks.Unrealisable as bad:
         fail(body, bad.reason, bad.message)
         return
     patch = lifecycle.ray_job_patch(job.spec, ray_job)
     if patch:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
+    if job.spec.queue_name:
+        _align_workload(client, job.spec, ray_job)
+    if (left := lifecycle.seconds_until_deadline(body["spec"], body.get("status"), lifecycle.now())) is not None \
+            and left <= 0:
+        stop_at_deadline(body, ray_job)
+        return
     mirror(body, ray_job, meta.get("generation"))
+
+
+def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> None:
+    """A queued job is suspended and resumed through its Workload (kueue.py)."""
+    workload = kueue.workload(client, ray_job)
+    if workload is None:
+        if spec.suspend:  # Kueue has not made it yet: be back before it can admit the job
+            raise kopf.TemporaryError("waiting for Kueue to create the Workload of a suspended job", delay=2)
+        return
+    patch = kueue.active_patch(workload, spec.suspend)
+    if patch:
+        client.patch("Workload", workload["metadata"]["namespace"], workload["metadata"]["name"], patch)
+
+
+def stop_at_deadline(body: Any, ray_job: dict[str, Any] | None) -> None:
+    """activeDeadlineSeconds passed: Failed first (final, so the RayJob is not recreated), then stop it."""
+    deadline = body["spec"]["activeDeadlineSeconds"]
+    fail(body, "DeadlineExceeded", f"The job ran longer than spec.activeDeadlineSeconds ({deadline}s, counted from "
+         f"its start {body['status']['startTime']} across every attempt): stopped. Raise it and re-create the job "
+         "to continue from the newest checkpoint")
+    if ray_job is not None:
+        kube.client().delete("RayJob", ray_job["metadata"]["namespace"], ray_job["metadata"]["name"],
+                             ray_job["metadata"]["uid"])
+
+
+def deadline_passed(namespace: str, name: str, uid: str) -> None:
+    """The deadline daemon's wake-up: stop that very job if its deadline has really passed."""
+    body = kube.client().get(api.KIND, namespace, name)
+    if body is None or body["metadata"]["uid"] != uid:
+        return
+    left = lifecycle.seconds_until_deadline(body["spec"], body.get("status"), lifecycle.now())
+    if left is not None and left <= 0:
+        stop_at_deadline(body, kube.client().get("RayJob", namespace, names.ray_job(name)))
 
 
 def on_ray_job_event(event_type: str | None, ray_job: Any) -> None:
@@ -164,7 +276,13 @@ def on_ray_job_event(event_type: str | None, ray_job: Any) -> None:
         return  # the job is gone or going; the garbage collector takes care of the rest
     if event_type != "DELETED":
         mirror(body, dict(ray_job), None)
-    elif status.finished(body.get("status")):
+        return
+    if status.ray_job_finished(ray_job) and not status.finished(body.get("status")):
+        # Deleted after it finished (KubeRay's deletion policy, or by hand) before its end was mirrored:
+        # its last state says how the run ended.
+        mirror(body, dict(ray_job), None)
+        body = kube.client().get(api.KIND, ray_meta["namespace"], owner["name"]) or body
+    if status.finished(body.get("status")):
         kopf.event(body, type="Normal", reason="RayJobDeleted",
                    message=f"RayJob {ray_meta['name']} was deleted; the job has finished, so it is not recreated")
     else:

@@ -157,23 +157,42 @@ def _volumes(job: api.RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 mount["subPath"] = model.pvc.sub_path
             mounts.append(mount)
     if spec.checkpoint.pvc:
+        # Each job its own directory of a shared claim: resume and `keep` pruning see only its own.
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
-        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
+        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path, "subPath": job.metadata["name"]})
     return volumes, mounts
 
 
-def _pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict[str, Any]:
+    """Where a pod may run: the user's node selector, tolerations and affinity (every pod, so that a
+    cluster whose every node is tainted still runs the head and the submitter), and for GPU workers
+    the GPU taint tolerated and the GPU product required."""
+    tolerations = list(resources.tolerations)
+    if gpu_workers:
+        # GPU pools are tainted with the GPU resource name (nvidia.com/gpu) by every major provider.
+        gpu_toleration = {"key": resources.gpu_resource_name, "operator": "Exists"}
+        if gpu_toleration not in tolerations:
+            tolerations.insert(0, gpu_toleration)
+    affinity = _worker_affinity(resources) if gpu_workers else resources.affinity
+    fields = {"nodeSelector": dict(resources.node_selector), "tolerations": tolerations, "affinity": affinity}
+    return {key: value for key, value in fields.items() if value}
+
+
+def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    """A pod of the job: its image pull secrets and priority, then `fields` (volumes, placement...)."""
     resources = job.spec.resources
-    pod: dict[str, Any] = {
-        "serviceAccountName": names.trainer(job.metadata["name"]),
-        "containers": [container],
-        "volumes": volumes,
-    }
+    pod: dict[str, Any] = {"containers": containers}
     if resources.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": secret} for secret in resources.image_pull_secrets]
     if resources.priority_class_name:
         pod["priorityClassName"] = resources.priority_class_name
-    return pod
+    return {**pod, **{key: value for key, value in fields.items() if value}}
+
+
+def _ray_pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]],
+                  gpu_workers: bool = False) -> dict[str, Any]:
+    return _pod_spec(job, [container], serviceAccountName=names.trainer(job.metadata["name"]), volumes=volumes,
+                     **_scheduling(job.spec.resources, gpu_workers))
 
 
 def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
@@ -211,8 +230,25 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "head"}},
-            "spec": _pod_spec(job, container, volumes),
+            "spec": _ray_pod_spec(job, container, volumes),
         },
+    }
+
+
+def _submitter(job: api.RLHFJob) -> dict[str, Any]:
+    """KubeRay's submitter pod (`ray job submit`, then it follows the logs), placed like the head. KubeRay
+    fills in the command, its environment and the auth token; resources are KubeRay's defaults."""
+    resources = job.spec.resources
+    container = {
+        "name": "ray-job-submitter",
+        "image": resources.image,
+        "imagePullPolicy": resources.image_pull_policy,
+        "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    return {
+        "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "submitter"}},
+        "spec": _pod_spec(job, [container], restartPolicy="Never", **_scheduling(resources)),
     }
 
 
@@ -247,13 +283,9 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     volumes, mounts = _volumes(job)
     limits = {"cpu": resources.worker.cpu, "memory": resources.worker.memory}
     env = _trainer_env(job)
-    tolerations = list(resources.tolerations)
-    if resources.gpus_per_node > 0:
+    gpus = resources.gpus_per_node > 0
+    if gpus:
         limits[resources.gpu_resource_name] = str(resources.gpus_per_node)
-        # GPU pools are tainted with the GPU resource name (nvidia.com/gpu) by every major provider.
-        gpu_toleration = {"key": resources.gpu_resource_name, "operator": "Exists"}
-        if gpu_toleration not in tolerations:
-            tolerations.insert(0, gpu_toleration)
     if resources.rdma:
         limits[resources.rdma.resource_name] = str(resources.rdma.resource_count)
         env += _nccl_env(resources.rdma)
@@ -262,24 +294,16 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         # RDMA registers (pins) memory, which needs IPC_LOCK.
         container["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
 
-    pod = _pod_spec(job, container, volumes)
-    if resources.node_selector:
-        pod["nodeSelector"] = dict(resources.node_selector)
-    if tolerations:
-        pod["tolerations"] = tolerations
-    affinity = _worker_affinity(resources)
-    if affinity:
-        pod["affinity"] = affinity
     nodes = resources.nodes
     return {
-        "groupName": "gpu-workers" if resources.gpus_per_node > 0 else "cpu-workers",
+        "groupName": "gpu-workers" if gpus else "cpu-workers",
         "replicas": nodes,
         "minReplicas": nodes,
         "maxReplicas": nodes,
         "rayStartParams": {},
         "template": {
             "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "worker"}},
-            "spec": pod,
+            "spec": _ray_pod_spec(job, container, volumes, gpu_workers=gpus),
         },
     }
 
@@ -305,6 +329,7 @@ def ray_job(job: api.RLHFJob) -> dict[str, Any]:
             "shutdownAfterJobFinishes": True,
             **{key: value for key, value in lifecycle.ray_job_fields(spec).items() if value is not None},
             "suspend": lifecycle.initial_suspend(spec),
+            "submitterPodTemplate": _submitter(job),
             "rayClusterSpec": {
                 "rayVersion": RAY_VERSION,
                 "enableInTreeAutoscaling": False,

@@ -16,7 +16,7 @@ The trainer's fields (progress, metrics, lastCheckpoint) are never part of any o
 | other, RayJob spec.suspend       | any             | Suspended    | Suspending                    |
 | Suspending                       | any             | Suspended    | Suspending                    |
 | Suspended (resume asked)         | any             | Pending      | Resuming                      |
-| "" (new)                         | any             | Pending      | RayJobCreated                 |
+| "" (new)                         | any             | Pending      | RayJobCreated (Retrying after a failed attempt) |
 | Initializing                     | any             | Provisioning | StartingRayCluster            |
 | Waiting                          | any             | Provisioning | WaitingForSubmission          |
 | Running                          | "" or PENDING   | Provisioning | SubmittingJob                 |
@@ -24,16 +24,22 @@ The trainer's fields (progress, metrics, lastCheckpoint) are never part of any o
 | Running                          | terminal        | Running      | Finishing                     |
 | Retrying                         | any             | Provisioning | Retrying                      |
 
+While KubeRay retries (status.failed > 0) every message says which attempt of how many it is.
+While the Ray cluster starts, what its pods are waiting for (unschedulable, image pull...) is the
+reason and message (`Observation.with_pod_problem`).
+
 Conditions Ready, Running, Succeeded, Failed, Suspended are all present: True for Running (Ready,
-Running), Succeeded (Ready, Succeeded), Failed (Failed), Suspended (Suspended), else False; each
-carries the phase's reason and message. The operator's own refusals (bad input) are Failed too.
+Running), Succeeded (Ready, Succeeded), Failed (Failed), Suspended (Suspended), else False. A true
+condition, and a false Ready or Running (why the job is not running), carries the phase's reason
+and message; the other false ones say only what they deny (NotFinished, NoFailure, NotSuspended).
+The operator's own refusals (bad input) are Failed too.
 
 Succeeded and Failed are final: once there, the status no longer follows the RayJob.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TERMINAL = ("Succeeded", "Failed")
@@ -52,6 +58,12 @@ OWNED_FIELDS = (
     "dashboardURL", "startTime", "completionTime",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# A false condition that the phase does not explain: (reason, message).
+NEUTRAL = {
+    "Succeeded": ("NotFinished", "The job has not finished"),
+    "Failed": ("NoFailure", "The job has not failed"),
+    "Suspended": ("NotSuspended", "The job is not suspended"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,17 @@ class Observation:
     dashboard_url: str | None = None
     started_at: str | None = None  # KubeRay's startTime: when it began to bring up the cluster
     finished_at: str | None = None  # KubeRay's endTime
+    warning: bool = False  # its Event is a Warning: something a human has to look at
+
+    def with_pod_problem(self, problem: tuple[str, str] | None) -> Observation:
+        """While the cluster starts, a pod's reason for not running (e.g. Unschedulable) is the job's."""
+        if problem is None or self.phase not in ("Pending", "Provisioning"):
+            return self
+        return replace(self, reason=problem[0], message=f"{self.message}. {problem[1]}", warning=True)
+
+    def with_queue_reason(self, waiting: tuple[str, str] | None) -> Observation:
+        """While queued, Kueue's reason for not admitting the job (e.g. insufficient quota) in the message."""
+        return self if waiting is None else replace(self, message=f"{self.message}: {waiting[1]} ({waiting[0]})")
 
 
 @dataclass(frozen=True)
@@ -133,6 +156,11 @@ def observe(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -
     """What the RayJob says about the run. suspend and queue_name are the RLHFJob's."""
     phase, reason, message = _verdict(ray_job, suspend=suspend, queue_name=queue_name)
     status = ray_job.get("status") or {}
+    failed = status.get("failed") or 0
+    if failed and phase in ("Pending", "Provisioning", "Running"):
+        attempts = (ray_job.get("spec") or {}).get("backoffLimit", 0) + 1
+        reason = "Retrying" if reason == "RayJobCreated" else reason
+        message = f"Attempt {min(failed + 1, attempts)} of {attempts} ({failed} failed): {message}"
     return Observation(
         phase=phase,
         reason=reason,
@@ -153,11 +181,13 @@ def _conditions(previous: list[dict[str, Any]], obs: Observation, now: str,
     for kind in CONDITION_TYPES:
         status = "True" if kind in TRUE_CONDITIONS[obs.phase] else "False"
         old = before.get(kind)
+        own = status == "True" or kind in ("Ready", "Running") or (kind == "Succeeded" and obs.phase == "Failed")
+        reason, message = (obs.reason, obs.message) if own else NEUTRAL[kind]
         condition = {
             "type": kind,
             "status": status,
-            "reason": obs.reason,
-            "message": obs.message,
+            "reason": reason,
+            "message": message,
             "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == status else now,
         }
         if generation is not None:
@@ -175,7 +205,8 @@ def next_status(current: dict[str, Any], obs: Observation, now: str, generation:
     if current.get("phase") in TERMINAL:
         return owned(current)
     observed = generation if generation is not None else current.get("observedGeneration")
-    started = current.get("startTime")
+    # As a batch/v1 Job's: cleared while suspended, so a resumed job's deadline starts afresh.
+    started = None if obs.phase == "Suspended" else current.get("startTime")
     if started is None and (obs.phase in ("Provisioning", "Running") or (obs.phase in TERMINAL and obs.started_at)):
         started = obs.started_at or now
     completed = current.get("completionTime")
@@ -200,12 +231,17 @@ def changes(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     return {field: value for field, value in desired.items() if current.get(field) != value}
 
 
-def transition(current: dict[str, Any], desired: dict[str, Any]) -> Transition | None:
+def transition(current: dict[str, Any], desired: dict[str, Any], warning: bool = False) -> Transition | None:
     if (current.get("phase"), current.get("reason")) == (desired["phase"], desired["reason"]):
         return None
-    kind = "Warning" if desired["phase"] == "Failed" else "Normal"
+    kind = "Warning" if warning or desired["phase"] == "Failed" else "Normal"
     return Transition(kind, desired["reason"], desired["message"])
 
 
 def finished(status: dict[str, Any] | None) -> bool:
     return (status or {}).get("phase") in TERMINAL
+
+
+def ray_job_finished(ray_job: dict[str, Any]) -> bool:
+    """KubeRay recorded the end of the run (Complete or Failed: no more retries)."""
+    return (ray_job.get("status") or {}).get("jobDeploymentStatus") in ("Complete", "Failed")

@@ -11,7 +11,7 @@ from rlhf_operator import checks
 def test_more_gpus_per_node_than_the_product_has_is_refused_with_the_fix():
     job = as_job(tiny(resources={"gpusPerNode": 16, "gpuProduct": "NVIDIA-H100-80GB-HBM3"}))
     with pytest.raises(checks.Unrealisable) as refused:
-        checks.check(job, lambda name: True)
+        checks.check(job, lambda name: True, waited=0)
     assert refused.value.reason == "TooManyGPUsPerNode"
     assert "set gpusPerNode to 8 or less" in refused.value.message
 
@@ -22,15 +22,20 @@ def test_more_gpus_per_node_than_the_product_has_is_refused_with_the_fix():
     {"gpusPerNode": 16},
 ])
 def test_plausible_gpu_requests_pass(resources):
-    checks.check(as_job(tiny(resources=resources)), lambda name: True)
+    checks.check(as_job(tiny(resources=resources)), lambda name: True, waited=0)
 
 
-def test_missing_reward_config_map_names_the_config_map_to_create():
+def test_a_missing_reward_config_map_is_waited_for_then_refused_naming_it():
+    """kubectl apply -f dir/ applies in name order: the ConfigMap may come after the job."""
     job = as_job(load_example("grpo-job.yaml"))
     asked = []
-    with pytest.raises(checks.Unrealisable) as refused:
-        checks.check(job, lambda name: asked.append(name) or False)
+    with pytest.raises(checks.Waiting) as waiting:
+        checks.check(job, lambda name: asked.append(name) or False, waited=checks.DEPENDENCY_WAIT_SECONDS - 1)
     assert asked == ["math-reward"]
-    assert refused.value.reason == "RewardConfigMapNotFound"
-    assert "create configmap math-reward" in refused.value.message
-    checks.check(job, lambda name: name == "math-reward")
+    assert waiting.value.reason == "RewardConfigMapNotFound"
+    assert "create configmap math-reward" in waiting.value.message and "waiting up to 600s" in waiting.value.message
+    with pytest.raises(checks.Unrealisable) as refused:
+        checks.check(job, lambda name: False, waited=checks.DEPENDENCY_WAIT_SECONDS)
+    assert not isinstance(refused.value, checks.Waiting)
+    assert "after 600s" in refused.value.message and "create configmap math-reward" in refused.value.message
+    checks.check(job, lambda name: name == "math-reward", waited=0)

@@ -27,21 +27,22 @@ def test_suspend_and_resume_flip_the_ray_job_flag():
 
 
 @pytest.mark.parametrize("kueue_flag", [True, False])
-def test_kueue_owns_the_flag_of_a_queued_job_until_the_user_suspends_it(kueue_flag: bool):
+@pytest.mark.parametrize("user_suspends", [True, False])
+def test_kueue_alone_writes_the_flag_of_a_queued_job(kueue_flag: bool, user_suspends: bool):
+    """Writing it back against Kueue's admission made KubeRay delete and recreate the cluster on every
+    resync; a queued job is suspended through its Workload instead (kueue.active_patch)."""
     queued = existing_ray_job(suspend=kueue_flag)
     queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a"
-    assert lifecycle.ray_job_patch(as_job(tiny(queueName="team-a")).spec, queued) is None
-    patch = lifecycle.ray_job_patch(as_job(tiny(queueName="team-a", suspend=True)).spec, queued)
-    assert patch == (None if kueue_flag else {"spec": {"suspend": True}})
+    assert lifecycle.ray_job_patch(as_job(tiny(queueName="team-a", suspend=user_suspends)).spec, queued) is None
 
 
-def test_changed_deadline_backoff_ttl_and_queue_are_patched():
-    spec = as_job(tiny(activeDeadlineSeconds=60, backoffLimit=3, ttlSecondsAfterFinished=10, queueName="q")).spec
+def test_changed_deadline_backoff_and_ttl_are_patched():
+    spec = as_job(tiny(activeDeadlineSeconds=60, backoffLimit=3, ttlSecondsAfterFinished=10,
+                       startupDeadlineSeconds=900, queueName="q")).spec
     ray_job = existing_ray_job(suspend=True)
-    assert lifecycle.ray_job_patch(spec, ray_job) == {
-        "spec": {"backoffLimit": 3, "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 10},
-        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
-    }
+    assert lifecycle.ray_job_patch(spec, ray_job) == {"spec": {
+        "backoffLimit": 3, "activeDeadlineSeconds": 60, "preRunningDeadlineSeconds": 900, "ttlSecondsAfterFinished": 10,
+    }}
     # Removing the deadline removes it from the RayJob (null in a merge patch).
     with_deadline = existing_ray_job(activeDeadlineSeconds=60)
     assert lifecycle.ray_job_patch(as_job(tiny()).spec, with_deadline) == {"spec": {"activeDeadlineSeconds": None}}
@@ -67,3 +68,18 @@ def test_ttl_counts_from_completion():
 ])
 def test_no_expiry_without_ttl_or_before_the_end(spec, status):
     assert lifecycle.seconds_until_expiry(spec, status, NOW) is None
+
+
+def started(seconds_ago: int, phase: str = "Running") -> dict:
+    return {"phase": phase, "startTime": lifecycle.timestamp(NOW - timedelta(seconds=seconds_ago))}
+
+
+def test_the_deadline_counts_from_the_start_across_attempts():
+    """KubeRay restarts its activeDeadlineSeconds with each retry; ours runs from status.startTime, which
+    a retry keeps (status.next_status) and only a suspension clears."""
+    spec = {"activeDeadlineSeconds": 100}
+    assert lifecycle.seconds_until_deadline(spec, started(30), NOW) == 70
+    assert lifecycle.seconds_until_deadline(spec, started(130, "Provisioning"), NOW) == -30
+    assert lifecycle.seconds_until_deadline(spec, started(130, "Failed"), NOW) is None
+    assert lifecycle.seconds_until_deadline({}, started(130), NOW) is None
+    assert lifecycle.seconds_until_deadline(spec, {"phase": "Suspended"}, NOW) is None

@@ -163,13 +163,20 @@ def test_user_scheduling_constraints_are_merged_not_replaced():
         "affinity": {**anti, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [user_term, other_term]}}},
     })
-    _, worker = head_and_worker(render.ray_job(as_job(doc)))
+    ray_job = render.ray_job(as_job(doc))
+    head, worker = head_and_worker(ray_job)
     pod = worker["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "train"}
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists"},
         {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
     ]
+    # On a cluster whose every node is tainted, the head and KubeRay's submitter must run too;
+    # GPU taints and the GPU product stay the workers' own.
+    for other in (head["template"]["spec"], ray_job["spec"]["submitterPodTemplate"]["spec"]):
+        assert other["nodeSelector"] == {"pool": "train"}
+        assert other["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
+        assert other["affinity"] == doc["spec"]["resources"]["affinity"]
     assert pod["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
     product = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -258,6 +265,8 @@ def test_models_and_checkpoints_on_volumes():
         assert volumes(group)[actor["name"]]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
         checkpoint = mounts(group)["/ckpt/run-1"]
         assert "readOnly" not in checkpoint
+        # Jobs share a claim: each sees only its own directory (resume, keep-N pruning).
+        assert checkpoint["subPath"] == "tiny"
         assert volumes(group)[checkpoint["name"]]["persistentVolumeClaim"] == {"claimName": "ckpt"}
 
 
@@ -267,3 +276,15 @@ def test_long_job_names_give_valid_ray_job_names():
     ray_job = render.ray_job(as_job(doc))
     assert len(ray_job["metadata"]["name"]) <= names.RAY_JOB_NAME_MAX
     assert len(ray_job["metadata"]["labels"][names.JOB_LABEL]) <= names.LABEL_VALUE_MAX
+
+
+def test_the_submitter_runs_the_trainer_image_with_the_pull_secrets():
+    """KubeRay's default submitter would take the head's image but not its pull secrets or placement."""
+    doc = tiny(resources={"imagePullSecrets": ["registry"], "priorityClassName": "training"})
+    submitter = render.ray_job(as_job(doc))["spec"]["submitterPodTemplate"]
+    pod = submitter["spec"]
+    (container_spec,) = pod["containers"]
+    assert container_spec["image"] == as_job(doc).spec.resources.image and "command" not in container_spec
+    assert pod["restartPolicy"] == "Never" and pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["priorityClassName"] == "training"
+    assert submitter["metadata"]["labels"]["rlhf.dev/job"] == "tiny"

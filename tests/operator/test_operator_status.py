@@ -159,3 +159,48 @@ def test_generation_is_kept_when_not_given():
     desired = status.next_status({"observedGeneration": 4}, observed, T0, None)
     assert desired["observedGeneration"] == 4
     assert all(c["observedGeneration"] == 4 for c in desired["conditions"])
+
+
+def test_a_false_condition_does_not_borrow_the_phase_reason():
+    """Succeeded=False reason=Training read as if training were why it had not succeeded."""
+    [running] = walk((ray_job("Running", "RUNNING"), T1))
+    assert {t: (c["status"], c["reason"]) for t, c in conditions(running).items()} == {
+        "Ready": ("True", "Training"), "Running": ("True", "Training"), "Succeeded": ("False", "NotFinished"),
+        "Failed": ("False", "NoFailure"), "Suspended": ("False", "NotSuspended")}
+    [starting] = walk((ray_job("Initializing"), T1))
+    assert conditions(starting)["Ready"]["reason"] == "StartingRayCluster"  # why it is not ready
+    [failed] = walk((ray_job("Failed", "FAILED", reason="AppFailed"), T1))
+    assert conditions(failed)["Succeeded"]["reason"] == conditions(failed)["Failed"]["reason"] == "AppFailed"
+
+
+@pytest.mark.parametrize("deployment, reason", [("", "Retrying"), ("Initializing", "StartingRayCluster"),
+                                                ("Running", "SubmittingJob")])
+def test_after_a_retry_every_message_names_the_attempt(deployment, reason):
+    """KubeRay resets jobDeploymentStatus to "" after a failed attempt; the count stays in status.failed."""
+    observed = status.observe(ray_job(deployment, failed=1), suspend=False, queue_name=None)
+    assert observed.reason == reason
+    assert observed.message.startswith("Attempt 2 of 3 (1 failed): ")
+
+
+def test_a_pod_problem_is_the_reason_of_a_starting_job_and_a_warning():
+    problem = ("Unschedulable", 'pod ppo-head: persistentvolumeclaim "rlhf-checkpoints" not found')
+    starting = status.observe(ray_job("Initializing"), suspend=False, queue_name=None).with_pod_problem(problem)
+    assert starting.reason == "Unschedulable" and starting.warning
+    assert starting.message.endswith('persistentvolumeclaim "rlhf-checkpoints" not found')
+    desired = status.next_status({}, starting, T0, 1)
+    assert status.transition({}, desired, warning=starting.warning).type == "Warning"
+    running = status.observe(ray_job("Running", "RUNNING"), suspend=False, queue_name=None)
+    assert running.with_pod_problem(problem) == running  # a running job's pods are the trainer's business
+
+
+def test_a_queued_job_says_why_kueue_has_not_admitted_it():
+    queued = status.observe(ray_job("Suspended", suspend=True), suspend=False, queue_name="team-a")
+    said = queued.with_queue_reason(("Pending", "couldn't assign flavors: insufficient quota for nvidia.com/gpu"))
+    assert said.reason == "Queued" and said.message.endswith("insufficient quota for nvidia.com/gpu (Pending)")
+
+
+def test_start_time_is_cleared_while_suspended_so_a_resumed_deadline_starts_afresh():
+    running, suspended, resumed = walk((ray_job("Running", "RUNNING", startTime=T0), T0),
+                                       (ray_job("Suspended", suspend=True), T1),
+                                       (ray_job("Initializing", startTime=T2), T2))
+    assert running["startTime"] == T0 and suspended["startTime"] is None and resumed["startTime"] == T2

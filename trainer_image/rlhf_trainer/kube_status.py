@@ -18,7 +18,7 @@ from rlhf_api import contract
 from rlhf_api import v1alpha1 as api
 
 log = logging.getLogger(__name__)
-
+RESULTS = {"succeeded": "Succeeded", "failed": "Failed"}  # reporter.finish(status) -> status.progress.result
 
 
 def _now() -> str:
@@ -85,6 +85,9 @@ class KubernetesStatusReporter:
         self.flush()  # a checkpoint is what a restart resumes from: report it at once
 
     def finish(self, status: str, message: str = "") -> None:
+        # How the run ended, for the operator: a RayJob deleted before KubeRay's verdict was mirrored
+        # must not be rerun after training completed.
+        self.pending.setdefault("progress", {})["result"] = RESULTS[status]
         self.flush()
 
     # --------------------------------------------------------------------------------------------
@@ -99,6 +102,7 @@ class KubernetesStatusReporter:
             "percent": round(100.0 * step / total, 1) if total else 0.0,
             "summary": f"{step}/{total}",
             "updated": _now(),
+            "result": None,  # a merge patch: null clears the previous attempt's result
         }
         if eta is not None:
             progress["etaSeconds"] = eta

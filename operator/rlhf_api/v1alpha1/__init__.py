@@ -1,0 +1,62 @@
+"""The RLHFJob API, rlhf.dev/v1alpha1: the single source of the CRD, the trainer's config and `rlhf validate`.
+
+Field docstrings become the CRD's descriptions (`kubectl explain rlhfjob.spec.training.kl`).
+Cross-field rules are CEL (`x-kubernetes-validations`) attached to the model that owns them, so
+the API server, `rlhf validate` and the trainer enforce exactly the same rules.
+"""
+
+from __future__ import annotations
+
+from .base import APIModel, API_VERSION, DateTime, GROUP, KIND, PLURAL, Passthrough, Quantity, VERSION, cel, immutable, section
+from .models import LoRASpec, ModelSpec, ModelsSpec, PVCSource
+from .reward import FunctionReward, HTTPReward, RewardSource, RewardSpec, SecretKeyRef
+from .data import DataSpec, DatasetSource, DatasetSpec
+from .training import KLSpec, PreferenceSpec, RolloutSpec, TrainingSpec
+from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs
+from .job import Algorithm, CheckpointStatus, Condition, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
+
+__all__ = [
+    "APIModel",
+    "API_VERSION",
+    "DateTime",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "Passthrough",
+    "Quantity",
+    "VERSION",
+    "cel",
+    "immutable",
+    "section",
+    "LoRASpec",
+    "ModelSpec",
+    "ModelsSpec",
+    "PVCSource",
+    "FunctionReward",
+    "HTTPReward",
+    "RewardSource",
+    "RewardSpec",
+    "SecretKeyRef",
+    "DataSpec",
+    "DatasetSource",
+    "DatasetSpec",
+    "KLSpec",
+    "PreferenceSpec",
+    "RolloutSpec",
+    "TrainingSpec",
+    "CheckpointSpec",
+    "EnvVar",
+    "PodResources",
+    "RDMASpec",
+    "ResourcesSpec",
+    "RoleGPUs",
+    "Algorithm",
+    "CheckpointStatus",
+    "Condition",
+    "Metrics",
+    "Phase",
+    "Progress",
+    "RLHFJob",
+    "RLHFJobSpec",
+    "RLHFJobStatus",
+]

@@ -1,0 +1,59 @@
+"""spec.data: prompt, preference and SFT datasets, and how records are read."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .. import algorithms
+from .base import APIModel
+
+PREFERENCES = algorithms.reading("preferences")
+
+
+
+class DatasetSource(APIModel):
+    """One dataset in a mixture."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    """Hugging Face dataset id, or a path to a .jsonl/.json/.parquet file or a directory saved by datasets."""
+    split: str = Field("train", max_length=64)
+    """Split to read (Hugging Face datasets)."""
+    probability: float = Field(1.0, gt=0, le=1)
+    """Sampling probability in the mixture (normalised over sources)."""
+
+
+class DatasetSpec(APIModel):
+    """A dataset (or mixture) and how to read its records."""
+
+    sources: list[DatasetSource] = Field(min_length=1, max_length=16)
+    """The datasets to mix."""
+    input_key: str = Field("prompt", max_length=128)
+    """Record key of the prompt (a string, or a list of chat messages)."""
+    label_key: str | None = Field(None, max_length=128)
+    """Record key passed to reward functions as the label (e.g. the reference answer); for kto, the desirable flag."""
+    output_key: str = Field("response", max_length=128)
+    """Record key of the target completion (sft)."""
+    chosen_key: str = Field("chosen", max_length=128)
+    """Record key of the preferred completion (dpo, ipo, cdpo, rm)."""
+    rejected_key: str = Field("rejected", max_length=128)
+    """Record key of the dispreferred completion (dpo, ipo, cdpo, rm)."""
+    apply_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template."""
+    max_samples: int | None = Field(None, ge=1)
+    """Use at most this many records."""
+    shuffle: bool = True
+    """Shuffle records with training.seed."""
+
+
+class DataSpec(APIModel):
+    """Training data. Which dataset is needed follows from spec.algorithm."""
+
+    prompts: DatasetSpec | None = Field(None, description=f"Prompts for online RL ({', '.join(algorithms.ONLINE)}).")
+    preferences: DatasetSpec | None = Field(None, description=(
+        f"Pairs (chosen/rejected) for {', '.join(PREFERENCES)}; for kto also records with a desirable flag."))
+    sft: DatasetSpec | None = Field(None, description=(
+        f"Prompt/response records for {', '.join(algorithms.reading('sft'))}."))
+    max_prompt_tokens: int = Field(1024, ge=8, le=1 << 20)
+    """Prompts longer than this are truncated from the left."""
+    max_tokens: int = Field(2048, ge=16, le=1 << 20)
+    """Maximum prompt + response length for offline algorithms (sft, dpo, ...)."""

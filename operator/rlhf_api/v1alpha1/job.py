@@ -1,0 +1,212 @@
+"""The RLHFJob: its spec (with the cross-section CEL rules) and its status."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .. import algorithms
+from ..algorithms import cel_list, prose
+from .base import API_VERSION, KIND, APIModel, DateTime, cel, immutable
+from .data import PREFERENCES, DataSpec
+from .models import ModelsSpec
+from .resources import CheckpointSpec, ResourcesSpec
+from .reward import RewardSpec
+from .training import RolloutSpec, TrainingSpec
+
+Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
+ONLINE = cel_list(algorithms.ONLINE)
+# Kueue's webhook refuses to relabel a RayJob it has admitted, so the queue is chosen once.
+QUEUE_IMMUTABLE = ("spec.queueName cannot be set, changed or removed after creation (Kueue does not move an admitted "
+                   "job between queues): delete the RLHFJob and create it again with the new queue")
+
+
+
+
+class RLHFJobSpec(APIModel):
+    """An RLHF or RL post-training run."""
+
+    model_config = cel(
+        (f"!(self.algorithm in {ONLINE}) || has(self.data.prompts)",
+         "online algorithms train on prompts: set spec.data.prompts", ".data"),
+        (f"!(self.algorithm in {ONLINE}) || has(self.reward)",
+         "online algorithms need a reward: set spec.reward.sources", ".algorithm"),
+        (f"!(self.algorithm in {cel_list(PREFERENCES)}) || has(self.data.preferences)",
+         f"{prose(PREFERENCES)} train on preference data: set spec.data.preferences", ".data"),
+        (f"!(self.algorithm in {cel_list(algorithms.reading('sft'))}) || has(self.data.sft)",
+         f"{prose(algorithms.reading('sft'))} trains on prompt/response records: set spec.data.sft", ".data"),
+        (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
+         "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
+         ".rollout.samplesPerPrompt"),
+        (f"self.algorithm in {cel_list(algorithms.USES_CRITIC)} || !has(self.models.critic)",
+         f"only {prose(algorithms.USES_CRITIC)} uses a critic: remove spec.models.critic or set algorithm: "
+         f"{algorithms.USES_CRITIC[0]}", ".models.critic"),
+        (f"self.algorithm in {ONLINE} || !has(self.reward)",
+         "offline algorithms learn from the dataset, not a reward: remove spec.reward", ".reward"),
+        ("!has(self.reward) || !self.reward.sources.exists(s, s.type == 'model') || has(self.models.reward)",
+         "a reward source of type model scores with spec.models.reward: set it", ".models"),
+        (f"!(self.algorithm in {ONLINE}) || (self.training.rolloutBatchSize * self.rollout.samplesPerPrompt) % self.training.trainBatchSize == 0",
+         "each rollout must split into whole optimizer steps: make rolloutBatchSize * samplesPerPrompt a multiple of trainBatchSize",
+         ".training.trainBatchSize"),
+        ("self.training.colocation != 'all' || self.resources.gpusPerNode == 0 || self.rollout.engines * self.rollout.tensorParallelSize <= self.resources.nodes * self.resources.gpusPerNode",
+         "with colocation all, the vLLM engines share the GPUs: engines * tensorParallelSize must fit in nodes * gpusPerNode",
+         ".rollout.engines"),
+        ("self.resources.gpusPerNode == 0 || self.rollout.tensorParallelSize <= self.resources.gpusPerNode",
+         "a vLLM engine runs within one node: tensorParallelSize must not exceed gpusPerNode", ".rollout.tensorParallelSize"),
+        ("has(self.reward) == has(oldSelf.reward) && has(self.models.critic) == has(oldSelf.models.critic)",
+         "spec.reward and spec.models define the run and are immutable; create a new RLHFJob instead"),
+        ("has(self.queueName) == has(oldSelf.queueName)", QUEUE_IMMUTABLE, ".queueName"),
+    )
+
+    algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(
+        f"The training algorithm. Online RL: {', '.join(algorithms.ONLINE)}. "
+        f"Offline: {', '.join(algorithms.OFFLINE)} (rm trains a reward model)."))
+    models: ModelsSpec = Field(json_schema_extra=immutable("models"))
+    """The models."""
+    reward: RewardSpec | None = Field(None, json_schema_extra=immutable("reward"))
+    """Reward sources (online algorithms only)."""
+    data: DataSpec = Field(json_schema_extra=immutable("data"))
+    """Datasets."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}, **immutable("rollout")})
+    """Generation settings (online algorithms)."""
+    # The whole default, not {}: the API server checks training's CEL rules on the default itself.
+    training: TrainingSpec = Field(default_factory=TrainingSpec, json_schema_extra={
+        "default": TrainingSpec().model_dump(by_alias=True, exclude_none=True), **immutable("training")})
+    """Optimisation settings."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}, **immutable("resources")})
+    """Pods, GPUs, networking and environment."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra={"default": {}, **immutable("checkpoint")})
+    """Checkpoints and resume."""
+    suspend: bool = False
+    """Suspend the job: its Ray cluster is deleted and recreated on resume (from the newest checkpoint). Kueue sets this."""
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    """Delete the RLHFJob (and its children) this long after it succeeds or fails."""
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    """Fail the job when it has run longer than this since it first started, across every retry (KubeRay restarts its own deadline with each attempt; the operator enforces the total)."""
+    startup_deadline_seconds: int | None = Field(None, ge=1)
+    """Fail an attempt whose Ray cluster and training job are not running this long after KubeRay began to start it (pods unschedulable, images not pulled...; KubeRay's preRunningDeadlineSeconds). Unset: wait, with the reason in status."""
+    backoff_limit: int = Field(0, ge=0, le=100)
+    """Retries of the whole run after a failure (each resumes from the newest checkpoint)."""
+    queue_name: str | None = Field(None, max_length=253, json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self == oldSelf", "message": QUEUE_IMMUTABLE}]})
+    """Kueue LocalQueue; the job is created suspended and Kueue admits it when the queue has quota."""
+
+
+# ----------------------------------------------------------------------------------------- status
+
+Phase = Literal["Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended"]
+
+
+class Condition(APIModel):
+    """A metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    """Ready, Running, Succeeded, Failed or Suspended."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = Field(max_length=1024)
+    """CamelCase reason for the last transition."""
+    message: str = Field("", max_length=32768)
+    """Human-readable details."""
+    last_transition_time: DateTime
+    """When status last changed."""
+    observed_generation: int | None = None
+    """metadata.generation the condition was computed from."""
+
+
+class Progress(APIModel):
+    """Training progress, written by the trainer."""
+
+    step: int = 0
+    """Completed steps."""
+    total_steps: int = 0
+    """Planned steps."""
+    percent: float = 0.0
+    """step / totalSteps * 100."""
+    summary: str = ""
+    """step/totalSteps as shown by kubectl get."""
+    eta_seconds: int | None = None
+    """Estimated seconds to completion."""
+    updated: DateTime | None = None
+    """When the trainer last reported."""
+    result: Literal["Succeeded", "Failed"] | None = None
+    """How the trainer's run ended, as the trainer saw it (the phase is the operator's verdict; this tells it a finished run from a lost one when the RayJob is gone)."""
+
+
+class Metrics(APIModel):
+    """Latest training metrics, written by the trainer."""
+
+    reward_mean: float | None = None
+    """Mean total reward of the last rollout batch."""
+    reward_std: float | None = None
+    """Standard deviation of that reward."""
+    kl: float | None = None
+    """Mean per-token KL to the reference model."""
+    policy_loss: float | None = None
+    """Actor loss."""
+    value_loss: float | None = None
+    """Critic loss (ppo)."""
+    loss: float | None = None
+    """Training loss (offline algorithms)."""
+    entropy: float | None = None
+    """Mean token entropy of the policy."""
+    response_length: float | None = None
+    """Mean completion length in tokens."""
+    tokens_per_second: float | None = None
+    """Generated tokens per second in the last rollout."""
+    learning_rate: float | None = None
+    """Current actor learning rate."""
+
+
+class CheckpointStatus(APIModel):
+    """The newest checkpoint."""
+
+    step: int
+    """Step it was taken at."""
+    path: str
+    """Where it is."""
+    time: DateTime
+    """When it was written."""
+
+
+class RLHFJobStatus(APIModel):
+    """Observed state, written by the operator (phase, conditions, children) and the trainer (progress, metrics)."""
+
+    phase: Phase | None = None
+    """Pending, Provisioning, Running, Succeeded, Failed or Suspended."""
+    reason: str | None = None
+    """Reason of the current phase (CamelCase)."""
+    message: str | None = None
+    """What happened and, on failure, what to change."""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    """Standard conditions (Ready, Running, Succeeded, Failed, Suspended)."""
+    observed_generation: int | None = None
+    """metadata.generation last acted on."""
+    ray_job_name: str | None = None
+    """Name of the KubeRay RayJob."""
+    ray_cluster_name: str | None = None
+    """Name of the Ray cluster."""
+    dashboard_url: str | None = Field(None, alias="dashboardURL")
+    """Ray dashboard address."""
+    start_time: DateTime | None = None
+    """When the run started."""
+    completion_time: DateTime | None = None
+    """When the run finished."""
+    progress: Progress | None = None
+    """Training progress."""
+    metrics: Metrics | None = None
+    """Latest metrics."""
+    last_checkpoint: CheckpointStatus | None = None
+    """Newest checkpoint."""
+
+
+class RLHFJob(APIModel):
+    """An RLHFJob: one RLHF / RL post-training run on a KubeRay cluster."""
+
+    api_version: Literal["rlhf.dev/v1alpha1"] = API_VERSION
+    kind: Literal["RLHFJob"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: RLHFJobSpec
+    status: RLHFJobStatus | None = None

@@ -1,0 +1,75 @@
+"""spec.models: the actor, critic, reference and reward models."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import APIModel
+
+
+
+class LoRASpec(APIModel):
+    """Train low-rank adapters instead of all weights (Hu et al. 2021, arXiv:2106.09685)."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    """Adapter rank r."""
+    alpha: int = Field(32, ge=1)
+    """Scaling numerator: adapters are scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
+    target_modules: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=lambda: ["all-linear"], max_length=64
+    )
+    """Module names to adapt, or all-linear."""
+
+
+class PVCSource(APIModel):
+    """A PersistentVolumeClaim mounted read-only into every Ray pod."""
+
+    claim_name: str = Field(max_length=253)
+    """Name of the PersistentVolumeClaim in the job's namespace."""
+    sub_path: str = Field("", max_length=1024)
+    """Directory inside the volume that holds the model."""
+
+
+class ModelSpec(APIModel):
+    """A Hugging Face causal LM (actor, reference) or a model with a scalar head (critic, reward)."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    """Hugging Face model id (org/name), or a path inside the container. With pvc set, the path is relative to the volume."""
+    revision: str | None = Field(None, max_length=128)
+    """Hub revision (branch, tag or commit) for a Hugging Face id."""
+    pvc: PVCSource | None = None
+    """Load the model from a PersistentVolumeClaim instead of the hub."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype the weights are loaded and trained in (with training.bf16, DeepSpeed keeps fp32 master weights)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about 30% more compute."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """Attention kernel passed to transformers."""
+    lora: LoRASpec | None = None
+    """Train LoRA adapters instead of full weights (actor and critic only)."""
+
+
+class ModelsSpec(APIModel):
+    """The models of the run. Only the actor is required; the others follow from the algorithm."""
+
+    actor: ModelSpec
+    """The policy being trained (for sft, dpo and rm: the model being fine-tuned)."""
+    critic: ModelSpec | None = None
+    """Value model for ppo. Defaults to the reward model if there is one, else the actor, with a fresh value head."""
+    reference: ModelSpec | None = None
+    """Frozen model the KL penalty is measured against. Defaults to the actor's initial weights."""
+    reward: ModelSpec | None = None
+    """Reward model (sequence classifier with one label) used by reward sources of type model."""
+
+    def source(self, role: str) -> tuple[str, ModelSpec]:
+        """The field a model group loads: the critic defaults to the reward model, else the actor (with a
+        fresh value head); the reference to the actor's initial weights; rm trains the actor field."""
+        fallbacks = {"critic": ("critic", "reward", "actor"), "reference": ("reference", "actor"), "rm": ("actor",)}
+        for field in fallbacks.get(role, (role,)):
+            if (model := getattr(self, field)) is not None:
+                return field, model
+        raise ValueError(f"spec.models has no model for the {role} group")

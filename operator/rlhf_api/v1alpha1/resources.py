@@ -1,0 +1,133 @@
+"""spec.resources (the Ray pods: GPUs, RDMA, placement, environment) and spec.checkpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import APIModel, Passthrough, Quantity, cel, section
+
+
+
+class EnvVar(APIModel):
+    """An environment variable (core/v1 EnvVar). Secrets go through valueFrom.secretKeyRef."""
+
+    model_config = cel(
+        ("!has(self.value) || !self.name.matches('(?i)(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)$')",
+         "this variable looks like a secret: reference it with valueFrom.secretKeyRef instead of a literal value"),
+    )
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
+    """Variable name."""
+    value: str | None = Field(None, max_length=32768)
+    """Literal value."""
+    value_from: Passthrough | None = None
+    """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."""
+
+
+class RDMASpec(APIModel):
+    """RDMA (InfiniBand/RoCE) for NCCL between GPU nodes."""
+
+    resource_name: str = Field("rdma/ib", max_length=253)
+    """Extended resource the RDMA device plugin advertises (e.g. rdma/ib, rdma/rdma_shared_device_a, nvidia.com/hostdev)."""
+    resource_count: int = Field(1, ge=1)
+    """Units of that resource per worker pod."""
+    hca: str = Field("mlx5", max_length=512)
+    """NCCL_IB_HCA: which host channel adapters NCCL uses."""
+    socket_ifname: str = Field("eth0", max_length=256)
+    """NCCL_SOCKET_IFNAME: interface for NCCL's bootstrap and socket traffic."""
+    gdr_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] = "PHB"
+    """NCCL_NET_GDR_LEVEL: the farthest topology distance at which GPUDirect RDMA is used."""
+    gid_index: int | None = Field(None, ge=0, le=255)
+    """NCCL_IB_GID_INDEX (RoCE: usually 3)."""
+    nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = "WARN"
+    """NCCL_DEBUG level."""
+
+
+class PodResources(APIModel):
+    """CPU and memory of one pod."""
+
+    cpu: Quantity = "8"
+    """CPU request and limit."""
+    memory: Quantity = "32Gi"
+    """Memory request and limit."""
+
+
+class RoleGPUs(APIModel):
+    """GPUs per role when roles do not share GPUs (training.colocation none or actor-reference). Unset roles are sized automatically."""
+
+    actor: int | None = Field(None, ge=1)
+    """GPUs of the actor group (data-parallel ZeRO ranks)."""
+    critic: int | None = Field(None, ge=1)
+    """GPUs of the critic group."""
+    reference: int | None = Field(None, ge=1)
+    """GPUs of the reference group."""
+    reward: int | None = Field(None, ge=1)
+    """GPUs of the reward-model group."""
+
+
+class ResourcesSpec(APIModel):
+    """Where and on what the job runs: the Ray cluster's pods."""
+
+    model_config = cel(
+        ("!has(self.rdma) || self.gpusPerNode > 0", "RDMA is only for GPU workers: set gpusPerNode > 0 or remove rdma", ".rdma"),
+        ("!has(self.gpuProduct) || self.gpusPerNode > 0", "gpuProduct selects GPU nodes: set gpusPerNode > 0 or remove gpuProduct", ".gpuProduct"),
+    )
+
+    image: str = Field("ghcr.io/rlhf-operator/trainer:0.1.0", max_length=1024)
+    """Trainer image for the Ray head and workers."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy."""
+    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
+    """Names of Secrets used to pull the image."""
+    nodes: int = Field(1, ge=1, le=1024)
+    """GPU worker pods (one per node)."""
+    gpus_per_node: int = Field(8, ge=0, le=64)
+    """GPUs per worker pod; 0 runs on CPU workers."""
+    gpu_resource_name: str = Field("nvidia.com/gpu", max_length=253)
+    """Extended resource name of a GPU."""
+    gpu_product: str | None = Field(None, max_length=253)
+    """Required value of the node label nvidia.com/gpu.product (e.g. NVIDIA-H100-80GB-HBM3)."""
+    gpus: RoleGPUs = section(RoleGPUs)
+    """Per-role GPU counts."""
+    head: PodResources = Field(default_factory=lambda: PodResources(cpu="4", memory="16Gi"), json_schema_extra={"default": {}})
+    """Ray head pod (runs the trainer driver, no GPUs)."""
+    worker: PodResources = section(PodResources)
+    """Each GPU worker pod."""
+    shm_size: Quantity = "16Gi"
+    """Size of the memory-backed /dev/shm as a quantity such as 16Gi (NCCL and vLLM need more than the 64Mi default)."""
+    rdma: RDMASpec | None = None
+    """Enable RDMA for NCCL (adds the RDMA resource, IPC_LOCK and NCCL_* settings)."""
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    """Node labels every pod of the job requires: the Ray head, the workers and KubeRay's submitter."""
+    tolerations: list[Passthrough] = Field(default_factory=list, max_length=32)
+    """Tolerations (core/v1 Toleration) of every pod of the job (head, workers, submitter); GPU workers tolerate the GPU taint already."""
+    affinity: Passthrough | None = None
+    """Affinity (core/v1 Affinity) of every pod of the job (head, workers, submitter); GPU workers also require gpuProduct."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    """Environment of the trainer and workers (e.g. HF_TOKEN from a Secret)."""
+    env_from: list[Passthrough] = Field(default_factory=list, max_length=16)
+    """Environment from ConfigMaps or Secrets (core/v1 EnvFromSource), by reference."""
+    priority_class_name: str | None = Field(None, max_length=253)
+    """PriorityClass of the pods."""
+
+
+# ------------------------------------------------------------------------------------- checkpoint
+
+
+class CheckpointSpec(APIModel):
+    """Checkpointing and resume."""
+
+    pvc: str | None = Field(None, max_length=253)
+    """PersistentVolumeClaim mounted at path on every pod, at the volume's subdirectory named after the job: jobs sharing a claim never see each other's checkpoints, and a job re-created under the same name resumes from its predecessor's (set resume: false to start over). Without it, checkpoints live in the pod and die with it."""
+    path: str = Field("/checkpoints", max_length=1024)
+    """Directory for checkpoints and the final model."""
+    interval_steps: int = Field(0, ge=0)
+    """Save every N steps; 0 saves only at the end."""
+    keep: int = Field(3, ge=1, le=1000)
+    """Number of checkpoints kept (oldest removed first)."""
+    resume: bool = True
+    """Resume from the newest checkpoint under path when one exists."""
+    export_hf: bool = True
+    """Export the final actor in Hugging Face format to path/final."""

@@ -1,0 +1,78 @@
+"""spec.reward: weighted reward sources (a model, a Python function, an HTTP service)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import APIModel, cel
+
+
+
+class SecretKeyRef(APIModel):
+    """A key of a Secret in the job's namespace; its value is never copied into the job."""
+
+    name: str = Field(max_length=253)
+    """Secret name."""
+    key: str = Field(max_length=253)
+    """Key within the Secret."""
+
+
+class FunctionReward(APIModel):
+    """A Python function `fn(prompts, completions, labels) -> list[float]` (one score per completion)."""
+
+    entrypoint: str = Field(pattern=r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$", max_length=512)
+    """module:function importable in the image, or file.py:function (relative to the ConfigMap or the job file's directory)."""
+    config_map: str | None = Field(None, max_length=253)
+    """ConfigMap whose keys are Python files; it is mounted and put on the import path."""
+
+
+class HTTPReward(APIModel):
+    """A remote reward service: POST {"prompts", "completions", "labels"} -> {"rewards": [...]}, batched."""
+
+    url: str = Field(pattern=r"^https?://", max_length=2048)
+    """Endpoint URL, starting with http:// or https://."""
+    batch_size: int = Field(64, ge=1, le=4096)
+    """Completions per request."""
+    timeout_seconds: float = Field(30, gt=0, le=3600)
+    """Per-request timeout."""
+    retries: int = Field(3, ge=0, le=20)
+    """Retries on connection errors and 5xx answers, with exponential backoff."""
+    auth_secret_ref: SecretKeyRef | None = None
+    """Bearer token for the Authorization header, read from a Secret at run time."""
+
+
+class RewardSource(APIModel):
+    """One source of reward. The total reward is the weighted sum over sources."""
+
+    model_config = cel(
+        ("self.type != 'function' || has(self.function)", "a reward source of type function needs function.entrypoint", ".function"),
+        ("self.type != 'http' || has(self.http)", "a reward source of type http needs http.url", ".http"),
+        ("self.type == 'function' || !has(self.function)", "function is set but type is not function; set type: function or remove function"),
+        ("self.type == 'http' || !has(self.http)", "http is set but type is not http; set type: http or remove http"),
+    )
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """Name of the source; its mean reward is reported under this name."""
+    type: Literal["model", "function", "http"]
+    """model: spec.models.reward scores the completion; function: a Python function; http: a remote service."""
+    weight: float = Field(1.0, gt=0)
+    """Weight of this source in the total reward."""
+    function: FunctionReward | None = None
+    """The function, for type function."""
+    http: HTTPReward | None = None
+    """The endpoint, for type http."""
+
+
+class RewardSpec(APIModel):
+    """Where rewards come from in online RL."""
+
+    model_config = cel(
+        ("self.sources.all(s, self.sources.exists_one(t, t.name == s.name))", "reward source names must be unique", ".sources"),
+    )
+
+    sources: list[RewardSource] = Field(min_length=1, max_length=8)
+    """Reward sources, summed with their weights."""
+    clip: float | None = Field(None, gt=0)
+    """Clip each total reward to [-clip, clip] before advantages are computed."""

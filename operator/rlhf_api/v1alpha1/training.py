@@ -1,0 +1,132 @@
+"""spec.rollout (vLLM generation) and spec.training (DeepSpeed, batch sizes, the RL loss)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import APIModel, cel, section
+
+
+
+class RolloutSpec(APIModel):
+    """Generation with vLLM engines (online algorithms)."""
+
+    engines: int = Field(1, ge=1, le=1024)
+    """Number of vLLM engines."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs per vLLM engine."""
+    samples_per_prompt: int = Field(1, ge=1, le=1024)
+    """Completions sampled per prompt (the group size of grpo, rloo, ...)."""
+    max_new_tokens: int = Field(1024, ge=1, le=1 << 20)
+    """Maximum completion length."""
+    temperature: float = Field(1.0, ge=0, le=10)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling probability mass."""
+    top_k: int = Field(-1, ge=-1)
+    """Top-k sampling; -1 disables it."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Fraction of GPU memory each vLLM engine may take (weights + KV cache)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (slower decoding, faster start, less memory)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV cache across samples of one prompt."""
+
+
+# --------------------------------------------------------------------------------------- training
+
+
+class KLSpec(APIModel):
+    """KL regularisation against the reference model (Schulman 2020, "Approximating KL Divergence")."""
+
+    coef: float = Field(0.001, ge=0)
+    """KL coefficient; 0 disables the penalty and the reference model."""
+    estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token estimator: k1 = log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r."""
+    placement: Literal["reward", "loss"] = "reward"
+    """reward: subtract coef*KL from each token's reward (InstructGPT); loss: add coef*KL to the policy loss (GRPO)."""
+
+
+class PreferenceSpec(APIModel):
+    """Hyperparameters of the offline preference losses."""
+
+    beta: float = Field(0.1, gt=0)
+    """Inverse temperature of dpo/cdpo/kto; the regularisation strength tau of ipo."""
+    # Not lt=0.5: the API server compares a whole number (0) with a fractional exclusive bound as
+    # integers (0 < 0) and refuses the default.
+    label_smoothing: float = Field(0.0, ge=0, le=0.49)
+    """cdpo: assumed probability that a preference label is flipped."""
+    desirable_weight: float = Field(1.0, gt=0)
+    """kto: weight of desirable examples."""
+    undesirable_weight: float = Field(1.0, gt=0)
+    """kto: weight of undesirable examples."""
+
+
+class TrainingSpec(APIModel):
+    """Optimisation: DeepSpeed, batch sizes, the RL loss and its regularisers."""
+
+    model_config = cel(
+        ("self.microTrainBatchSize <= self.trainBatchSize", "microTrainBatchSize must not exceed trainBatchSize", ".microTrainBatchSize"),
+        ("self.clipEpsHigh == 0.0 || self.clipEpsHigh >= self.clipEps", "clipEpsHigh must be 0 (same as clipEps) or at least clipEps", ".clipEpsHigh"),
+    )
+
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    """DeepSpeed ZeRO stage: 3 shards parameters, gradients and optimizer state."""
+    bf16: bool = True
+    """Mixed precision in bfloat16."""
+    offload_optimizer: bool = False
+    """Keep optimizer state in CPU memory (ZeRO-Offload)."""
+    learning_rate: float = Field(1e-6, gt=0, le=1)
+    """Learning rate of the actor (the trained model for offline algorithms)."""
+    critic_learning_rate: float = Field(9e-6, gt=0, le=1)
+    """Learning rate of the critic (ppo)."""
+    lr_warmup_ratio: float = Field(0.03, ge=0, le=1)
+    """Fraction of steps with linear warmup."""
+    lr_scheduler: Literal["constant", "cosine_with_min_lr", "linear"] = "cosine_with_min_lr"
+    """Learning-rate schedule after warmup."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm."""
+    rollout_batch_size: int = Field(128, ge=1)
+    """Prompts per rollout; each gives samplesPerPrompt completions."""
+    train_batch_size: int = Field(128, ge=1)
+    """Samples per optimizer step (global, across data-parallel ranks)."""
+    micro_train_batch_size: int = Field(4, ge=1)
+    """Samples per forward/backward pass on one rank (gradient accumulation fills the rest)."""
+    micro_rollout_batch_size: int = Field(8, ge=1)
+    """Samples per forward pass when scoring rollouts (log-probs, values, rewards)."""
+    epochs: int = Field(1, ge=1, le=100)
+    """Passes over each rollout batch (online) or over the dataset (offline)."""
+    episodes: int = Field(1, ge=1, le=10000)
+    """Passes over the prompt dataset (online)."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many rollout steps (online) or optimizer steps (offline)."""
+    kl: KLSpec = section(KLSpec)
+    """KL penalty against the reference model."""
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    """PPO clip range epsilon (Schulman et al. 2017)."""
+    clip_eps_high: float = Field(0.0, ge=0, lt=10)
+    """Upper clip range when different from clipEps ("clip-higher", DAPO, Yu et al. 2025); 0 uses clipEps."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020)."""
+    value_clip: float = Field(0.2, gt=0)
+    """Clip range of the value loss (ppo)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """GAE lambda (ppo)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus coefficient."""
+    loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How token losses become the batch loss: token-mean (DAPO), seq-mean-token-mean (GRPO paper), seq-mean-token-sum (Dr. GRPO)."""
+    preference: PreferenceSpec = section(PreferenceSpec)
+    """dpo, ipo, cdpo and kto hyperparameters."""
+    colocation: Literal["none", "actor-reference", "all"] = "none"
+    """Share GPUs: none (each role has its own), actor-reference, or all (hybrid engine: every model and vLLM on the same GPUs, taking turns)."""
+    async_queue_size: int = Field(0, ge=0, le=64)
+    """0: rollout and training alternate. N > 0: rollouts run up to N batches ahead of training (off-policy by up to N updates)."""
+    seed: int = 42
+    """Random seed for data order, sampling and initialisation."""
