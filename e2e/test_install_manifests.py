@@ -48,7 +48,7 @@ def test_operator_deployment_is_stored_with_a_hardened_pod(installed, kube_api):
     ("watch", "rlhfjobs.rlhf.dev"), ("patch", "rlhfjobs.rlhf.dev/status"), ("delete", "rlhfjobs.rlhf.dev"),
     ("create", "rayjobs.ray.io"), ("delete", "rayjobs.ray.io"), ("create", "configmaps"),
     ("create", "serviceaccounts"), ("create", "roles.rbac.authorization.k8s.io"),
-    ("create", "rolebindings.rbac.authorization.k8s.io"), ("create", "events"), ("list", "pods"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"), ("create", "events"), ("watch", "pods"),
     ("patch", "workloads.kueue.x-k8s.io"),
 ])
 def test_operator_may_do_its_work(installed, verb, resource):

@@ -3,6 +3,8 @@
 - RLHFJob created, changed, or found at startup: reconcile (kopf retries failures with backoff);
   a resync timer repeats it for unfinished jobs, so nothing stays stuck on a lost event.
 - RayJob events (ours only, selected by label on the server): mirror status, recreate if deleted.
+- Pod events of our Ray clusters that show a problem (unschedulable, image pull...): mirror status,
+  so the reason reaches the job when the scheduler decides, not at the next resync.
 - Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
 - Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
@@ -19,9 +21,10 @@ from typing import Any
 
 import kopf
 
-from . import lifecycle, metrics, reconcile
+from . import lifecycle, metrics, pods, reconcile
 from . import settings as operator_settings
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
+from .names import JOB_LABEL
 from .status import finished
 
 RESYNC_SECONDS = 120
@@ -76,6 +79,13 @@ async def enforce_deadline(name: str, namespace: str, uid: str, spec: kopf.Spec,
 def follow_ray_job(type: str | None, body: kopf.Body, **_: Any) -> None:
     with metrics.measured("rayjob-event"):
         reconcile.on_ray_job_event(type, body)
+
+
+@kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT},
+               when=lambda body, **_: pods.pod_problem([body]) is not None)
+def follow_stuck_pod(body: kopf.Body, **_: Any) -> None:
+    with metrics.measured("pod-event"):
+        reconcile.on_stuck_pod(body)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -265,6 +265,17 @@ def deadline_passed(namespace: str, name: str, uid: str) -> None:
         stop_at_deadline(body, kube.client().get("RayJob", namespace, names.ray_job(name)))
 
 
+def on_stuck_pod(pod: Any) -> None:
+    """A pod of one of our Ray clusters cannot start: mirror now, with its reason, if the job waits on it."""
+    meta = pod["metadata"]
+    body = kube.client().get(api.KIND, meta["namespace"], meta["labels"][names.JOB_LABEL])
+    if body is None or body["metadata"].get("deletionTimestamp") or status.finished(body.get("status")):
+        return
+    ray_job = kube.client().get("RayJob", meta["namespace"], names.ray_job(body["metadata"]["name"]))
+    if ray_job is not None:
+        mirror(body, ray_job, None)
+
+
 def on_ray_job_event(event_type: str | None, ray_job: Any) -> None:
     """Follow a RayJob of ours: mirror its status into its RLHFJob, or recreate it if it was deleted."""
     ray_meta = ray_job["metadata"]

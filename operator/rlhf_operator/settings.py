@@ -8,7 +8,7 @@ import socket
 import kopf
 
 from rlhf_api import v1alpha1 as api
-from .names import LABEL_MANAGED_BY, MANAGED_BY
+from .names import JOB_LABEL, LABEL_MANAGED_BY, MANAGED_BY
 
 PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name
 FINALIZER = f"{PREFIX}/finalizer"
@@ -27,6 +27,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.reconnect_backoff = 1.0
     # Only RayJobs we created: filtered by the API server, not after the fact.
     settings.watching.label_selectors["ray.io", "rayjobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    settings.watching.label_selectors["v1", "pods"] = JOB_LABEL  # our Ray clusters' pods only
 
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 10
