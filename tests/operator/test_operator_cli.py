@@ -51,8 +51,9 @@ def test_settings_use_our_prefix_and_bounded_watches():
     assert config.persistence.diffbase_storage.prefix == "rlhf.dev"
     assert config.watching.server_timeout < config.watching.client_timeout
     assert config.posting.level == logging.INFO and config.posting.loggers is False
-    [selector] = list(config.watching.label_selectors)
-    assert config.watching.label_selectors[selector] == "app.kubernetes.io/managed-by=rlhf-operator"
+    # Only our RayJobs and our Ray clusters' pods are watched, filtered by the API server.
+    assert sorted(config.watching.label_selectors.values()) == ["app.kubernetes.io/managed-by=rlhf-operator",
+                                                                "rlhf.dev/job"]
 
 
 def sample(name: str, labels: dict) -> float | None:
