@@ -1,19 +1,35 @@
 """The seam where no container runtime exists: play the kubelet and KubeRay for a RayJob's head pod.
 
-Under kwok, pods never run. For the end-to-end test this module does, on this machine, what the
-kubelet and KubeRay would do for the head pod of a RayJob the operator created:
+Under kwok, pods never run. For the end-to-end tests this module does, on this machine, what the
+kubelet and KubeRay would do for the head pod of a RayJob the operator created.
 
-- materialise the head container's ConfigMap volumes as files and its ServiceAccount token (a real
-  TokenRequest for the pod's ServiceAccount, with the cluster CA), and bind-mount them at the
-  container's mountPaths in a private mount namespace (so /etc/rlhf/job.yaml and
-  /var/run/secrets/kubernetes.io/serviceaccount exist for the processes inside, as in a pod);
-- resolve the container's env (literals, fieldRef, ConfigMap/Secret keys) and point
-  KUBERNETES_SERVICE_HOST/PORT at the API server, so in-cluster config works unchanged;
-- start a real Ray head there, submit the RayJob's entrypoint with its runtime env through Ray's
-  Jobs API, and write the RayJob status KubeRay writes as the Ray job moves (see
-  e2e/operator/kuberay.py for that status shape).
+The head container's volumes, mounted at its volumeMounts (subPath and readOnly honoured) inside
+a private mount namespace, so the processes inside see the pod's filesystem and the host's stays
+as it was (at most an empty directory is left where a mount point's parent was missing):
 
-What it does not do: pull images (the local virtualenv is the "image"), worker pods, GPUs.
+- configMap and secret volumes: their keys (or `items`) written out as files, mounted read-only
+  as the kubelet does;
+- persistentVolumeClaim volumes: the claim is looked up through the API server and must be Bound
+  to a PersistentVolume whose `local` or `hostPath` directory is on this machine (e2e/storage.py);
+  else start() raises VolumeNotReady, where a real pod would stay Pending. A missing subPath
+  directory is created in the volume, as the kubelet does; `readOnly` on the claim or the mount
+  makes the mount read-only;
+- emptyDir volumes: a fresh directory per pod, with a tmpfs (of the volume's sizeLimit) on it for
+  medium Memory. /dev/shm is such a tmpfs here too, the job's shmSize: smaller than the object
+  store Ray wants (30% of RAM), so Ray keeps its object store in its temp dir with a warning, as
+  in such a pod, and still runs;
+- the ServiceAccount token the kubelet projects: a real TokenRequest for the pod's ServiceAccount,
+  with the cluster CA, at /var/run/secrets/kubernetes.io/serviceaccount.
+
+The container's env is resolved (literals, fieldRef, ConfigMap/Secret keys and envFrom) and
+KUBERNETES_SERVICE_HOST/PORT point at the API server, so in-cluster config works unchanged. Then a
+real Ray head starts there, the RayJob's entrypoint is submitted with its runtime env through
+Ray's Jobs API, and the RayJob status KubeRay writes as the Ray job moves is written (see
+e2e/operator/kuberay.py for that status shape).
+
+What it does not do: pull images (the local virtualenv is the "image"), worker pods (the head
+has the whole cluster's CPUs), GPUs, resource limits, other volume types (start() raises), file
+modes and `optional` references.
 """
 
 from __future__ import annotations
@@ -26,30 +42,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
+from kubernetes.utils import parse_quantity
 
 from e2e.controlplane import ControlPlane, free_ports
 from e2e.operator.kuberay import RayJobStatus
+from e2e.storage import claim_directory, sub_path
 from rlhf_operator.kube import Kube
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def bind_script(mounts: list[tuple[Path, str]]) -> str:
-    """Shell lines that bind each source at its mountPath inside the private mount namespace.
+class Mount(NamedTuple):
+    source: Path  # a file or directory on this machine
+    target: str  # the container's mountPath
+    read_only: bool = False
 
-    The parent of each mountPath gets a private tmpfs first, so files and directories created
-    as mount points stay in the namespace (the host keeps at most the empty parent directory).
+
+class Volume(NamedTuple):
+    path: Path  # the volume's root directory on this machine
+    read_only: bool = False  # forced by the volume's source (ConfigMap and Secret data, a read-only claim)
+    tmpfs: str | None = None  # mount options of the tmpfs backing a memory emptyDir
+
+
+def bind_script(mounts: Iterable[tuple], tmpfs: Iterable[tuple[Path, str]] = ()) -> str:
+    """Shell lines that mount the pod's volumes inside the private mount namespace.
+
+    mounts: Mount or (source, target) pairs, shallowest target first. tmpfs: (directory, options)
+    of each memory emptyDir, mounted first so that its mounts bind the tmpfs. A missing directory
+    source is created (a subPath the volume lacks, as the kubelet does). The parent of each
+    mountPath gets a private tmpfs first, so files and directories created as mount points stay in
+    the namespace (the host keeps at most the empty parent directory).
     """
-    lines = []
-    for src, dst in mounts:
-        parent = shlex.quote(str(Path(dst).parent))
-        make_point = "touch" if src.is_file() else "mkdir -p"
-        lines += [f"mkdir -p {parent}", f"mountpoint -q {parent} || mount -t tmpfs tmpfs {parent}",
-                  f"{make_point} {shlex.quote(dst)}", f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}"]
+    lines = [f"mount -t tmpfs -o {shlex.quote(options)} tmpfs {shlex.quote(str(path))}" for path, options in tmpfs]
+    for source, target, read_only in (Mount(*mount) for mount in mounts):
+        src, dst, parent = (shlex.quote(str(path)) for path in (source, target, Path(target).parent))
+        point = f"touch {dst}" if source.is_file() else f"mkdir -p {src} {dst}"
+        lines += [f"mkdir -p {parent}", f"mountpoint -q {parent} || mount -t tmpfs tmpfs {parent}", point,
+                  f"mount --bind {src} {dst}"]
+        if read_only:  # a bind mount takes the read-only flag only on a remount
+            lines.append(f"mount -o remount,bind,ro {dst}")
     return "".join(line + "\n" for line in lines)
 
 
@@ -73,19 +109,41 @@ class HeadPod:
 
     # --------------------------------------------------------------------------- what a kubelet does
 
-    def _volume_files(self) -> dict[str, Path]:
-        """ConfigMap volumes written out as directories, by volume name."""
-        dirs = {}
-        for volume in self.pod.get("volumes", []):
-            if "configMap" not in volume:
-                continue  # emptyDir (/dev/shm) and PVCs: the host's own filesystem stands in
-            data = self._data("ConfigMap", volume["configMap"]["name"])
-            target = self.root / "volumes" / volume["name"]
-            target.mkdir(parents=True)
-            for item in volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
-                (target / item["path"]).write_text(data[item["key"]])
-            dirs[volume["name"]] = target
-        return dirs
+    def _volume(self, volume: dict[str, Any]) -> Volume:
+        """The volume made on this machine, as the kubelet makes it before the containers start."""
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]
+            return Volume(claim_directory(self.core, self.namespace, claim["claimName"]), claim.get("readOnly", False))
+        if "emptyDir" in volume:
+            return self._empty_dir(volume["name"], volume["emptyDir"])
+        if "configMap" in volume or "secret" in volume:
+            return Volume(self._data_files(volume), read_only=True)
+        raise NotImplementedError(f"volume {volume['name']}: this pod runtime plays configMap, secret, "
+                                  "persistentVolumeClaim and emptyDir volumes only")
+
+    def _volume_dir(self, name: str) -> Path:
+        path = self.root / "volumes" / name
+        path.mkdir(parents=True)
+        return path
+
+    def _empty_dir(self, name: str, empty_dir: dict[str, Any]) -> Volume:
+        """A fresh directory; for medium Memory, a tmpfs of the sizeLimit on it (mounted in the namespace)."""
+        if empty_dir.get("medium") != "Memory":
+            return Volume(self._volume_dir(name))
+        size = empty_dir.get("sizeLimit")
+        options = "mode=1777" + (f",size={int(parse_quantity(size))}" if size else "")
+        return Volume(self._volume_dir(name), tmpfs=options)
+
+    def _data_files(self, volume: dict[str, Any]) -> Path:
+        """A ConfigMap or Secret volume written out as files: every key, or the `items` listed."""
+        kind, source = ("ConfigMap", volume["configMap"]) if "configMap" in volume else ("Secret", volume["secret"])
+        data = self._data(kind, source.get("name") or source["secretName"])
+        target = self._volume_dir(volume["name"])
+        for item in source.get("items") or [{"key": key, "path": key} for key in data]:
+            path = sub_path(target, item["path"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data[item["key"]])
+        return target
 
     def _service_account(self) -> Path:
         """A token of the pod's ServiceAccount, as the kubelet's projected volume holds it."""
@@ -129,10 +187,13 @@ class HeadPod:
             return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
         return self.core.read_namespaced_config_map(name, self.namespace).data or {}
 
-    def _mounts(self, volumes: dict[str, Path], account: Path) -> list[tuple[Path, str]]:
-        mounts = [(volumes[m["name"]] / m.get("subPath", ""), m["mountPath"])
-                  for m in self.container.get("volumeMounts", []) if m["name"] in volumes]
-        return sorted([*mounts, (account, SA_MOUNT)], key=lambda m: m[1].count("/"))
+    def _mounts(self, volumes: dict[str, Volume], account: Path) -> list[Mount]:
+        mounts = [Mount(account, SA_MOUNT, read_only=True)]
+        for mount in self.container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            mounts.append(Mount(sub_path(volume.path, mount.get("subPath", "")), mount["mountPath"],
+                                volume.read_only or mount.get("readOnly", False)))
+        return sorted(mounts, key=lambda m: m.target.count("/"))
 
     def _cluster_cpus(self) -> int:
         """The logical CPUs the whole Ray cluster would have: this one head stands in for the workers too."""
@@ -147,7 +208,10 @@ class HeadPod:
     # ------------------------------------------------------------------------------- the Ray head
 
     def start(self) -> HeadPod:
-        volumes, account = self._volume_files(), self._service_account()
+        # Volumes first: a claim that is not Bound raises here, where a real pod would stay Pending.
+        volumes = {volume["name"]: self._volume(volume) for volume in self.pod.get("volumes", [])}
+        mounts = self._mounts(volumes, self._service_account())
+        tmpfs = [(volume.path, volume.tmpfs) for volume in volumes.values() if volume.tmpfs]
         # Every port Ray would otherwise take at its fixed default is chosen free: a pod has its own
         # network namespace, this machine does not.
         names = ["port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
@@ -158,7 +222,7 @@ class HeadPod:
         ray = ["ray", "start", "--head", "--block", f"--num-cpus={self._cluster_cpus()}", "--num-gpus=0",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={self.root / 'ray'}",
                "--disable-usage-stats", *(f"--{name}={port}" for name, port in ports.items())]
-        script = f"set -e\n{bind_script(self._mounts(volumes, account))}exec {shlex.join(ray)}\n"
+        script = f"set -e\n{bind_script(mounts, tmpfs)}exec {shlex.join(ray)}\n"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                                             env=self._env(), stdout=out, stderr=subprocess.STDOUT,

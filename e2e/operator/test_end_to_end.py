@@ -1,25 +1,26 @@
 """The product's promise in one test: `kubectl apply` a job, watch it train, read its numbers in `kubectl get`.
 
 The control plane, the operator and the trainer are real. No container runtime exists here, so
-e2e/podruntime.py plays the head pod: it mounts the job's ConfigMaps and a real ServiceAccount
-token where the pod spec says, starts a real Ray head, submits the RayJob's entrypoint through
-Ray's Jobs API and writes the RayJob status KubeRay would (see that module for what it does not do).
+e2e/podruntime.py plays the head pod: it mounts the job's volumes where the pod spec says (its
+ConfigMaps, its PersistentVolumeClaims bound to local volumes, a real ServiceAccount token), starts
+a real Ray head, submits the RayJob's entrypoint through Ray's Jobs API and writes the RayJob
+status KubeRay would (see that module for what it does not do).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from e2e.operator.jobs import events, get_job, wait_phase
-from e2e.podruntime import HeadPod
+from e2e.operator.tiny import reward_config_map, run_head, tiny_job
+from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
 STEPS = 3
+CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the checkpoint claim
 
 
 @pytest.fixture(scope="module")
@@ -29,37 +30,22 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def tiny_job(tmp_path: Path, model: Path, reward_config_map: str, name: str = "tiny-grpo") -> Path:
-    """The tiny CPU example as one would ship it to a cluster: absolute paths (the "image"), the reward from a ConfigMap."""
-    job = yaml.safe_load(EXAMPLE.read_text())
-    spec = job["spec"]
-    job["metadata"]["name"] = name
-    spec["models"]["actor"]["path"] = str(model)
-    spec["data"]["prompts"]["sources"][0]["path"] = str(EXAMPLE.parent / "tiny" / "prompts.jsonl")
-    spec["reward"]["sources"][0]["function"] = {"entrypoint": "reward.py:score", "configMap": reward_config_map}
-    spec["training"]["maxSteps"] = STEPS
-    spec["checkpoint"] = {"path": str(tmp_path / "checkpoints"), "intervalSteps": 2, "keep": 1}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    return path
-
-
-def run_head(control_plane, kube, kube_api, namespace: str, job_name: str) -> tuple[str, str]:
-    job = wait_phase(kube, namespace, job_name, "Pending", timeout=60)
-    head = HeadPod(control_plane, kube, kube_api.core, namespace, job["status"]["rayJobName"])
-    try:
-        head.start()
-        return head.run_job()
-    finally:
-        head.stop()
-
-
 def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(
         control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path):
+    """The model comes from one claim and the checkpoints go to another, as on a cluster.
+
+    Guards the volumes end to end: the head pod mounting the models claim at its subPath (without
+    it there is no model at /mnt/models/actor/tiny) and the operator mounting the checkpoint claim
+    at the job's own directory (without that subPath the checkpoints land at the volume's root).
+    """
+    models = local_claim(kube_api.core, namespace, "models", tmp_path / "models-volume")
+    shutil.copytree(tiny_model, models / "team-a" / "tiny")
+    checkpoints = local_claim(kube_api.core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
     operator.start()
-    control_plane.kubectl("-n", namespace, "create", "configmap", "letter-reward",
-                          f"--from-file=reward.py={EXAMPLE.parent / 'tiny' / 'reward.py'}")
-    control_plane.kubectl("-n", namespace, "apply", "-f", str(tiny_job(tmp_path, tiny_model, "letter-reward")))
+    job_file = tiny_job(tmp_path, "tiny-grpo", reward_config_map(control_plane, namespace),
+                        actor={"path": "tiny", "pvc": {"claimName": "models", "subPath": "team-a"}}, steps=STEPS,
+                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": 2, "keep": 1})
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
 
     state, logs = run_head(control_plane, kube, kube_api, namespace, "tiny-grpo")
     assert state == "SUCCEEDED", logs
@@ -70,9 +56,14 @@ def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(
     assert 0.0 <= status["metrics"]["rewardMean"] <= 1.0
     assert status["metrics"]["tokensPerSecond"] > 0
     assert status["lastCheckpoint"]["step"] == STEPS  # saved every 2 steps and at the end
-    assert status["lastCheckpoint"]["path"].startswith(str(tmp_path / "checkpoints"))
+    assert status["lastCheckpoint"]["path"] == f"{CHECKPOINTS}/step-{STEPS:08d}"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
     assert status["startTime"] and status["completionTime"]
+
+    # On the volume, under the job's name: the newest checkpoint (keep: 1) and the exported model.
+    assert [p.name for p in checkpoints.iterdir()] == ["tiny-grpo"]
+    assert sorted(p.name for p in (checkpoints / "tiny-grpo").iterdir()) == ["final", f"step-{STEPS:08d}"]
+    assert (checkpoints / "tiny-grpo" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
 
     table = control_plane.kubectl("-n", namespace, "get", "rlhfjobs").stdout
     header, row = table.splitlines()[:2]
@@ -87,9 +78,9 @@ def test_a_reward_function_that_raises_fails_the_job_with_its_message(
     broken.write_text("def score(prompts, completions, labels):\n"
                       "    raise ValueError('label set is empty: check labelKey in the job')\n")
     operator.start()
-    control_plane.kubectl("-n", namespace, "create", "configmap", "broken-reward", f"--from-file=reward.py={broken}")
+    reward = reward_config_map(control_plane, namespace, "broken-reward", broken)
     control_plane.kubectl("-n", namespace, "apply", "-f",
-                          str(tiny_job(tmp_path, tiny_model, "broken-reward", name="broken-reward")))
+                          str(tiny_job(tmp_path, "broken-reward", reward, actor={"path": str(tiny_model)})))
 
     state, logs = run_head(control_plane, kube, kube_api, namespace, "broken-reward")
     assert state == "FAILED", logs
@@ -109,11 +100,10 @@ def can_i(control_plane, namespace: str, account: str, *args: str) -> bool:
 def test_the_trainer_may_patch_its_own_status_and_nothing_else(
         control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path):
     operator.start()
-    control_plane.kubectl("-n", namespace, "create", "configmap", "letter-reward",
-                          f"--from-file=reward.py={EXAMPLE.parent / 'tiny' / 'reward.py'}")
+    reward = reward_config_map(control_plane, namespace)
     for name in ("mine", "theirs"):
         control_plane.kubectl("-n", namespace, "apply", "-f",
-                              str(tiny_job(tmp_path, tiny_model, "letter-reward", name=name)))
+                              str(tiny_job(tmp_path, name, reward, actor={"path": str(tiny_model)})))
     job = wait_phase(kube, namespace, "mine", "Pending", timeout=60)
     rayjob = kube.get("RayJob", namespace, job["status"]["rayJobName"])
     account = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"]
