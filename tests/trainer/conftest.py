@@ -1,13 +1,17 @@
-"""Fixtures of the trainer's integration tests: tiny models built offline and a private Ray instance."""
+"""Fixtures of the trainer's tests: tiny models built offline, a private Ray instance, and bare TRL
+trainer objects for the tests that use TRL as an oracle."""
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -65,3 +69,45 @@ def local_ray():
     yield ray
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class FakeAccelerator:
+    """What TRL's loss and scoring code reads of accelerate's Accelerator, for one CPU process."""
+
+    device = torch.device("cpu")
+    process_index = 0
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+@pytest.fixture
+def trl_trainer():
+    """trl_trainer(TrainerClass, **attributes): a TRL trainer object without its __init__ (which
+    wants a real model, datasets and an Accelerator), so that one of its real methods can run as
+    an oracle: `object.__new__`, a FakeAccelerator, a model stub in training mode, empty metric
+    logs, and the attributes the method reads. Skips the test without trl (a dev-only dependency)."""
+    pytest.importorskip("trl")
+
+    def build(cls, **attributes):
+        trainer = object.__new__(cls)
+        defaults = dict(
+            accelerator=FakeAccelerator(),
+            model=types.SimpleNamespace(training=True),
+            _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+            aux_loss_enabled=False,  # no mixture-of-experts auxiliary loss
+            _total_train_tokens=0,  # bookkeeping (token counts, tensor parallelism) the loss code reads
+            _tp_size=1,
+        )
+        for key, value in {**defaults, **attributes}.items():
+            object.__setattr__(trainer, key, value)
+        return trainer
+
+    return build

@@ -301,9 +301,10 @@ def test_experience_refuses_inconsistent_shapes():
 # ---------------------------------------------------------------------------------------------
 # TRL as an oracle (trl is a dev-only dependency; these tests skip without it)
 #
-# TRL 1.16 computes GRPO and RLOO advantages inline in `_generate_and_score_completions`. We run
-# that real method on a trainer object built with `object.__new__`, setting only the attributes it
-# reads and stubbing generation, log-prob and reward calls, so TRL's own arithmetic is the oracle.
+# TRL 1.16 computes GRPO and RLOO advantages inline in `_generate_and_score_completions` (no public
+# function computes them). We run that real method on a trainer object without its __init__
+# (conftest's trl_trainer), setting only the attributes it reads and stubbing generation, log-prob
+# and reward calls, so TRL's own arithmetic is the oracle.
 # TRL's advantages are per sequence [B]; ours are per token [B, T] and equal them on every valid
 # token when gamma = 1, no KL penalty and no whitening (the configuration compared here).
 # Known differences, not compared: TRL's GRPO divides by (std + 1e-4) (we set eps=1e-4 to match);
@@ -314,29 +315,13 @@ def test_experience_refuses_inconsistent_shapes():
 # ---------------------------------------------------------------------------------------------
 
 
-class _FakeAccelerator:
-    device = torch.device("cpu")
-    process_index = 0
-    num_processes = 1
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
-
-
-def _trl_scored_advantages(trainer_cls, rewards: torch.Tensor, n: int, lengths: list[int], **attrs):
+def _trl_scored_advantages(trl_trainer, trainer_cls, rewards: torch.Tensor, n: int, lengths: list[int], **attrs):
     import collections
     import types
 
-    trainer = object.__new__(trainer_cls)
     b = rewards.shape[0]
     completions = [[7] * max(length, 1) for length in lengths]
     settings = dict(
-        accelerator=_FakeAccelerator(),
         model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
         num_generations=n,
         beta=0.0,
@@ -352,7 +337,6 @@ def _trl_scored_advantages(trainer_cls, rewards: torch.Tensor, n: int, lengths: 
         reward_weights=torch.ones(1, dtype=rewards.dtype),
         reward_clip_range=None,
         reward_func_names=["score"],
-        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
         _logs={
             "prompt": [], "completion": [], "advantages": [], "images": [],
             "rewards": collections.defaultdict(list), "extra": collections.defaultdict(list),
@@ -375,9 +359,7 @@ def _trl_scored_advantages(trainer_cls, rewards: torch.Tensor, n: int, lengths: 
     else:
         settings["_generate"] = lambda p: (prompts, completions, None, ["text"] * b, None, {}, None, None)
     settings.update(attrs)
-    for key, value in settings.items():
-        object.__setattr__(trainer, key, value)
-    return trainer._generate_and_score_completions([{"prompt": "p"}] * b)["advantages"]
+    return trl_trainer(trainer_cls, **settings)._generate_and_score_completions([{"prompt": "p"}] * b)["advantages"]
 
 
 @pytest.mark.parametrize("n_prompts,n,t,seed", [(1, 2, 3, 0), (3, 4, 7, 1), (5, 8, 12, 2)])
@@ -389,8 +371,7 @@ def _trl_scored_advantages(trainer_cls, rewards: torch.Tensor, n: int, lengths: 
         ("rloo", "RLOOTrainer", {"normalize_advantages": False}),
     ],
 )
-def test_sequence_advantages_match_trl(name, trainer, attrs, n_prompts, n, t, seed):
-    pytest.importorskip("trl")
+def test_sequence_advantages_match_trl(name, trainer, attrs, n_prompts, n, t, seed, trl_trainer):
     from trl.trainer.grpo_trainer import GRPOTrainer
     from trl.trainer.rloo_trainer import RLOOTrainer
 
@@ -398,7 +379,7 @@ def test_sequence_advantages_match_trl(name, trainer, attrs, n_prompts, n, t, se
     inputs, lengths = make_inputs(n_prompts, n, t, seed, with_kl=False)
     if n_prompts > 1:
         inputs.rewards[n : 2 * n] = 0.5  # a zero-std group
-    trl_adv = _trl_scored_advantages(trainer_cls, inputs.rewards, n, lengths, **attrs)
+    trl_adv = _trl_scored_advantages(trl_trainer, trainer_cls, inputs.rewards, n, lengths, **attrs)
     ours, _ = compute_advantages(name, inputs, AdvantageConfig(gamma=1.0, whiten=False, eps=1e-4))
     expected = trl_adv.unsqueeze(1).expand_as(ours) * inputs.action_mask
     torch.testing.assert_close(ours, expected.to(ours.dtype), atol=ATOL, rtol=0)

@@ -298,28 +298,14 @@ def test_pairwise_reward_loss_matches_reference(b, with_margin):
 #
 # TRL 1.16's GRPOTrainer._compute_loss is PPO-clip with clip-higher (epsilon_low/high), an optional
 # k3 KL term added per token to the loss (beta), a loss aggregation chosen by loss_type, and an
-# entropy bonus (token mean). We run that real method on a trainer object built with
-# `object.__new__`, stubbing only the forward pass, and compare loss, gradients and metrics:
+# entropy bonus (token mean); TRL has no public function for it. We run that real method on a
+# trainer object without its __init__ (conftest's trl_trainer), stubbing only the forward pass,
+# and compare loss, gradients and metrics:
 #   TRL loss_type -> our aggregation: grpo -> seq-mean-token-mean, bnpo -> token-mean,
 #   dr_grpo -> seq-mean-token-sum-norm with normalizer = max_completion_length,
 #   dapo -> token-mean (its normalizer is the batch's token count on one process).
 # TRL has no dual clip and no value loss (no PPO trainer in 1.16): those have the loop references only.
 # ---------------------------------------------------------------------------------------------
-
-
-class _FakeAccelerator:
-    device = torch.device("cpu")
-    process_index = 0
-    num_processes = 1
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
 
 
 TRL_AGGREGATION = {
@@ -333,9 +319,7 @@ TRL_AGGREGATION = {
 @pytest.mark.parametrize("loss_type", sorted(TRL_AGGREGATION))
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 16)])
 @pytest.mark.parametrize("beta,eps_high,entropy_coef", [(0.0, 0.2, 0.0), (0.04, 0.28, 0.01)])
-def test_policy_kl_entropy_losses_match_trl_grpo(loss_type, shape, beta, eps_high, entropy_coef):
-    pytest.importorskip("trl")
-    import collections
+def test_policy_kl_entropy_losses_match_trl_grpo(loss_type, shape, beta, eps_high, entropy_coef, trl_trainer):
     import types
 
     from trl.trainer.grpo_trainer import GRPOTrainer
@@ -351,10 +335,8 @@ def test_policy_kl_entropy_losses_match_trl_grpo(loss_type, shape, beta, eps_hig
     new_trl = new.clone().requires_grad_(True)
     new_ours = new.clone().requires_grad_(True)
 
-    trainer = object.__new__(GRPOTrainer)
-    settings = dict(
-        accelerator=_FakeAccelerator(),
-        model=types.SimpleNamespace(training=True),
+    trainer = trl_trainer(
+        GRPOTrainer,
         _get_per_token_logps_and_entropies=lambda *a, **k: (new_trl, ent, None),
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
@@ -371,11 +353,7 @@ def test_policy_kl_entropy_losses_match_trl_grpo(loss_type, shape, beta, eps_hig
         _entropy_bonus_enabled=entropy_coef > 0,
         use_adaptive_entropy=False,
         entropy_coef=entropy_coef,
-        aux_loss_enabled=False,
-        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
     )
-    for key, value in settings.items():
-        object.__setattr__(trainer, key, value)
     inputs = {
         "prompt_ids": torch.ones(b, 2, dtype=torch.long),
         "prompt_mask": torch.ones(b, 2, dtype=torch.long),

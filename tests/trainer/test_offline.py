@@ -19,7 +19,7 @@ from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import run
 from rlhf_trainer.tiny import TOY_LETTERS, toy_prompts
-from rlhf_trainer.workers.model_worker import position_ids
+from rlhf_trainer.workers.engine import position_ids
 
 pytestmark = pytest.mark.timeout(600)
 

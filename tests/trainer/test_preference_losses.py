@@ -159,9 +159,10 @@ def test_kto_needs_kl_pairs():
 # TRL as an oracle (trl is a dev-only dependency; these tests skip without it)
 #
 # In TRL 1.16 the DPO, KTO and reward losses live inside `_compute_loss` / `compute_loss`, which
-# run the model. We call those real methods on trainer objects built with `object.__new__`, with a
-# stub model that returns chosen per-token log-probs (zero outside the completion, as TRL's fused
-# head returns for label -100) and precomputed reference log-probs. TRL returns the batch mean.
+# run the model (TRL has no public loss functions). We call those real methods on trainer objects
+# without their __init__ (conftest's trl_trainer), with a stub model that returns chosen per-token
+# log-probs (zero outside the completion, as TRL's fused head returns for label -100) and
+# precomputed reference log-probs. TRL returns the batch mean.
 # Semantics that differ, and how each comparison lines them up:
 # - DPO "sigmoid" in TRL 1.16 has no label smoothing. cDPO's formula appears in TRL only inside
 #   "aot_unpaired", which first sorts chosen and rejected log-ratios independently; we feed pairs
@@ -171,36 +172,6 @@ def test_kto_needs_kl_pairs():
 #   is given, so we pass per-token means (sum / length) for the comparison.
 # - KTO: TRL averages over the batch with nanmean; we return per-example losses (mean compared).
 # ---------------------------------------------------------------------------------------------
-
-
-class _FakeAccelerator:
-    device = torch.device("cpu")
-    process_index = 0
-    num_processes = 1
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-
-def _trl_trainer(cls, **attrs):
-    import collections
-    import types
-
-    trainer = object.__new__(cls)
-    settings = dict(
-        accelerator=_FakeAccelerator(),
-        model=types.SimpleNamespace(training=True),
-        aux_loss_enabled=False,
-        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
-        _total_train_tokens=0,
-        _tp_size=1,
-    )
-    settings.update(attrs)
-    for key, value in settings.items():
-        object.__setattr__(trainer, key, value)
-    return trainer
 
 
 def _stub_model(per_token_logps: torch.Tensor):
@@ -239,8 +210,7 @@ def _completion_batch(n: int, t: int, gen: torch.Generator):
         ("cdpo", "aot_unpaired", PreferenceConfig(beta=0.4, label_smoothing=0.3)),
     ],
 )
-def test_paired_losses_match_trl_dpo_trainer(name, loss_type, cfg, b, t):
-    pytest.importorskip("trl")
+def test_paired_losses_match_trl_dpo_trainer(name, loss_type, cfg, b, t, trl_trainer):
     from trl.trainer.dpo_trainer import DPOTrainer
 
     gen = torch.Generator().manual_seed(b * 100 + t)
@@ -251,7 +221,7 @@ def test_paired_losses_match_trl_dpo_trainer(name, loss_type, cfg, b, t):
         order = torch.cat([ratio[:b].argsort(), b + ratio[b:].argsort()])
         per_token, completion_mask, lengths, ref = per_token[order], completion_mask[order], lengths[order], ref[order]
 
-    trainer = _trl_trainer(
+    trainer = trl_trainer(
         DPOTrainer,
         ld_alpha=None,
         precompute_ref_logps=True,
@@ -288,8 +258,7 @@ def test_paired_losses_match_trl_dpo_trainer(name, loss_type, cfg, b, t):
 @pytest.mark.parametrize(
     "cfg", [PreferenceConfig(beta=0.1), PreferenceConfig(beta=0.3, desirable_weight=1.5, undesirable_weight=0.8)]
 )
-def test_kto_matches_trl_kto_trainer(n, t, cfg):
-    pytest.importorskip("trl")
+def test_kto_matches_trl_kto_trainer(n, t, cfg, trl_trainer):
     from trl.trainer.kto_trainer import KTOTrainer
 
     gen = torch.Generator().manual_seed(n * t)
@@ -300,7 +269,7 @@ def test_kto_matches_trl_kto_trainer(n, t, cfg):
     ref_kl = -3 * t * torch.rand(n, generator=gen, dtype=torch.float64)
     pol_kl = ref_kl + 4 * torch.randn(n, generator=gen, dtype=torch.float64) + 1.0
 
-    trainer = _trl_trainer(
+    trainer = trl_trainer(
         KTOTrainer,
         precompute_ref_logps=True,
         calculate_KL=True,
@@ -331,8 +300,7 @@ def test_kto_matches_trl_kto_trainer(n, t, cfg):
 
 @pytest.mark.parametrize("b", [1, 5, 32])
 @pytest.mark.parametrize("with_margin", [False, True])
-def test_pairwise_reward_loss_matches_trl_reward_trainer(b, with_margin):
-    pytest.importorskip("trl")
+def test_pairwise_reward_loss_matches_trl_reward_trainer(b, with_margin, trl_trainer):
     import types
 
     from trl.trainer.reward_trainer import RewardTrainer
@@ -341,7 +309,7 @@ def test_pairwise_reward_loss_matches_trl_reward_trainer(b, with_margin):
 
     gen = torch.Generator().manual_seed(b)
     scores = 3 * torch.randn(2 * b, 1, generator=gen, dtype=torch.float64)  # [chosen; rejected]
-    trainer = _trl_trainer(RewardTrainer, args=types.SimpleNamespace(center_rewards_coefficient=None))
+    trainer = trl_trainer(RewardTrainer, args=types.SimpleNamespace(center_rewards_coefficient=None))
     inputs = {"attention_mask": torch.ones(2 * b, 3, dtype=torch.long)}
     margin = torch.rand(b, generator=gen, dtype=torch.float64) if with_margin else None
     if with_margin:
@@ -353,16 +321,15 @@ def test_pairwise_reward_loss_matches_trl_reward_trainer(b, with_margin):
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (4, 6), (16, 12)])
-def test_sft_nll_matches_trl_dpo_sft_term(b, t):
+def test_sft_nll_matches_trl_dpo_sft_term(b, t, trl_trainer):
     """TRL's DPO "sft" loss type is the token-mean NLL of the chosen completions."""
-    pytest.importorskip("trl")
     from trl.trainer.dpo_trainer import DPOTrainer
 
     from rlhf_trainer.losses import sft_loss
 
     gen = torch.Generator().manual_seed(b + t)
     per_token, completion_mask, _ = _completion_batch(2 * b, t, gen)
-    trainer = _trl_trainer(
+    trainer = trl_trainer(
         DPOTrainer, ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl",
         loss_types=["sft"], loss_weights=[1.0], beta=0.1, label_smoothing=0.0, use_weighting=False,
     )

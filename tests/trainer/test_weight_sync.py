@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
-from rlhf_trainer.workers.model_worker import ModelConfig
+from rlhf_trainer.workers.engine import ModelConfig
 from rlhf_trainer.workers.weight_sync import sync_weights
 
 pytestmark = pytest.mark.timeout(600)

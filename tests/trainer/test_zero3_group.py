@@ -9,7 +9,7 @@ import torch
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
-from rlhf_trainer.workers.model_worker import ModelConfig
+from rlhf_trainer.workers.engine import ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
 

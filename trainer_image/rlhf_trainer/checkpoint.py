@@ -1,7 +1,8 @@
 """Checkpoints of a run: `<root>/step-<N>/` holding a DeepSpeed checkpoint per trained model group
-(`actor/`, `critic/`: weights, optimizer and scheduler state) and `trainer_state.json` (the step and
-the prompt loader's position). The state file is written last, so a directory without it is an
-interrupted save and is never resumed from. The newest `keep` checkpoints are kept.
+(`actor/`, `critic/` or `rm/`: weights, optimizer and scheduler state) and `trainer_state.json` (the
+step and the data loader's position, under "prompts" or "data": loop.RunLoop.data_key). The state
+file is written last, so a directory without it is an interrupted save and is never resumed from.
+The newest `keep` checkpoints are kept.
 """
 
 from __future__ import annotations

@@ -2,19 +2,21 @@
 
 Each step, as in OpenRLHF's PPO trainer:
 
-1. rollout: the vLLM engines sample rollout.samplesPerPrompt completions for each of
+1. rollout (`_start_rollout`): the vLLM engines sample rollout.samplesPerPrompt completions for each of
    training.rolloutBatchSize prompts, with the log-prob of every sampled token;
-2. rewards: every spec.reward source scores the completions (a `type: model` source through the
+2. rewards (`_score_rewards`): every spec.reward source scores the completions (a `type: model` source through the
    reward-model group);
 3. the actor's log-probs of the completions, the reference's (when training.kl.coef > 0) and the
-   critic's values (ppo);
+   critic's values (ppo) (`_log_probs_and_values`);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
-   (training.kl.placement);
-5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms);
+   (training.kl.placement) (`_kl`);
+5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
+   (`_advantages`); steps 2-5 make up `_make_experience`;
 6. training.epochs shuffled passes of PPO-clip updates over micro-batches, for the actor and (ppo)
-   the critic, at the same time;
-7. the actor's new weights to every vLLM engine;
-8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps.
+   the critic, at the same time (`_train`; the steps are workers/objectives.py's);
+7. the actor's new weights to every vLLM engine (`_sync_weights`);
+8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps (loop.RunLoop, the
+   loop this trainer shares with the offline one).
 
 With training.asyncQueueSize N > 0 the next N rollouts are generated while a step trains, by
 engines that are up to N updates behind (a Ray actor runs its calls in order, so each weight
@@ -23,41 +25,26 @@ update lands after the rollouts queued before it).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import ray
 import torch
-from ray.util.placement_group import remove_placement_group
+from torch import Tensor
 
-from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.v1alpha1 import RLHFJob
 
-from . import checkpoint
 from .algorithms import AdvantageConfig, AdvantageInputs, compute_advantages, compute_kl, kl_in_reward
 from .data import PromptDataset, PromptItem, PromptLoader
 from .experience import Experience
 from .losses import masked_mean
-from .paths import model_path
-from .reporting import Reporter
-from .rewards import build_reward
-from .workers.group import (
-    ROLLOUT,
-    ModelGroup,
-    Placement,
-    create_placement_group,
-    create_rollout_engines,
-    mean_metrics,
-)
-from .workers.model_worker import ModelConfig
+from .loop import RunLoop
+from .rewards import RewardResult, build_reward
+from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,43 +56,27 @@ class PendingRollout:
     data_position: dict  # the prompt loader's state once this batch is trained: resumes with the next
 
 
-class Trainer:
-    def __init__(self, job: RLHFJob, placement: Placement, *, base_dir: Path, output_dir: Path, reporter: Reporter):
-        from transformers import AutoTokenizer
+class Trainer(RunLoop):
+    data_key = "prompts"
 
-        self.job, self.spec, self.placement = job, job.spec, placement
-        self.training, self.rollout = job.spec.training, job.spec.rollout
-        self.base_dir, self.reporter = Path(base_dir), reporter
-        self.checkpoint_dir = Path(output_dir) / self.spec.checkpoint.path  # an absolute path stays as it is
-        self.actor_path = model_path(self.spec.models, "actor", self.base_dir)
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path, revision=self.spec.models.actor.revision)
+    def __init__(self, job: RLHFJob, placement: Placement, **options):
+        """options: base_dir, output_dir and reporter (see RunLoop)."""
+        super().__init__(job, placement, **options)
+        self.rollout = self.spec.rollout
         dataset = PromptDataset.from_spec(self.spec.data.prompts, self.spec.data, self.tokenizer,
                                           base_dir=self.base_dir, seed=self.training.seed)
-        self.prompts = PromptLoader(dataset, self.training.rollout_batch_size, seed=self.training.seed,
-                                    shuffle=self.spec.data.prompts.shuffle)
-        self.total_steps = self.training.episodes * len(self.prompts)
-        if self.training.max_steps:
-            self.total_steps = min(self.total_steps, self.training.max_steps)
+        self._use_data(PromptLoader(dataset, self.training.rollout_batch_size, seed=self.training.seed,
+                                    shuffle=self.spec.data.prompts.shuffle), passes=self.training.episodes)
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt
         self.optimizer_steps = self.total_steps * self.training.epochs * samples // self.training.train_batch_size
-
-        self.step = 0
-        self.groups: dict[str, ModelGroup] = {}
         self.engines: list = []
-        self.placement_group = create_placement_group(placement)
-        try:
-            self._start_workers()
-        except BaseException:
-            self.close()
-            raise
+        self._start()
 
     def _start_workers(self) -> None:
-        placement, group = self.placement, self.placement_group
-        self.groups = {role: ModelGroup(role, group, placement) for role in placement.ranks if role != ROLLOUT}
-        setups = [ref for role, g in self.groups.items() for ref in g.setup(self._model_config(role))]
+        setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1))
+        placement = self.placement
         self.engines = create_rollout_engines(  # they start while the model groups load
-            group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
+            self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
             max_model_len=self.spec.data.max_prompt_tokens + self.rollout.max_new_tokens,
             seed=self.training.seed, revision=self.spec.models.actor.revision,
             sleep_mode=placement.use_gpu and self.training.colocation == "all",
@@ -117,35 +88,18 @@ class Trainer:
         if placement.use_gpu:
             setup_broadcast_group(self.actor, self.engines, self.rollout.tensor_parallel_size)
 
-    def close(self) -> None:
-        """Stop this run's Ray actors and free its placement group (the Ray instance may live on)."""
-        for handle in [w for g in self.groups.values() for w in g.workers] + self.engines:
-            ray.kill(handle)
-        remove_placement_group(self.placement_group)
-
-    def _model_config(self, role: str) -> ModelConfig:
-        _, model = self.spec.models.source(role)
-        return ModelConfig(
-            role=role, path=model_path(self.spec.models, role, self.base_dir), model=model, training=self.training,
-            temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
-            use_gpu=self.placement.use_gpu,
-        )
+    def _actors(self) -> list:
+        return super()._actors() + self.engines
 
     @property
     def actor(self) -> ModelGroup:
         return self.groups["actor"]
 
-    @property
-    def trained_groups(self) -> dict[str, ModelGroup]:
-        return {role: g for role, g in self.groups.items() if role in ("actor", "critic")}
-
     # -- the loop --------------------------------------------------------------------------------
 
-    def fit(self) -> None:
-        self._resume()
-        batches = self._batches()
+    def _steps(self, batches: Iterator[tuple[list[PromptItem], dict]]) -> Iterator[tuple[dict[str, float], dict]]:
         queue: deque[PendingRollout] = deque()
-        while self.step < self.total_steps:
+        for _ in range(self.step, self.total_steps):
             while len(queue) <= self.training.async_queue_size and (batch := next(batches, None)):
                 queue.append(self._start_rollout(*batch))
             started = time.perf_counter()
@@ -154,32 +108,14 @@ class Trainer:
             self._vllm_sleep(True)
             experience, metrics = self._make_experience(current.prompts, generations)
             metrics["rollout_seconds"] = time.perf_counter() - started
-            position = current.data_position
-            metrics["epoch"] = position["epoch"] + position["position"] / len(self.prompts)  # prompts seen, in epochs
+            metrics["epoch"] = self._epoch(current.data_position)  # prompts seen, in epochs
 
             started = time.perf_counter()
             metrics.update(self._train(experience))
             self._vllm_sleep(False)
-            sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype, use_gpu=self.placement.use_gpu)
+            self._sync_weights()
             metrics["update_seconds"] = time.perf_counter() - started
-
-            self.step += 1
-            self.reporter.log(self.step, metrics)
-            interval = self.spec.checkpoint.interval_steps
-            if (interval and self.step % interval == 0) or self.step == self.total_steps:
-                self._save(current.data_position)
-        if self.spec.checkpoint.export_hf:
-            ray.get(self.actor.call("save_pretrained", str(self.checkpoint_dir / "final")))
-
-    def _batches(self) -> Iterator[tuple[list[PromptItem], dict]]:
-        """Prompt batches with the loader position after each, up to the run's last step."""
-        drawn = self.step
-        while self.prompts.epoch < self.training.episodes:
-            for batch in self.prompts:
-                if drawn == self.total_steps:
-                    return
-                drawn += 1
-                yield batch, self.prompts.state_dict()
+            yield metrics, current.data_position
 
     # -- 1. rollout ------------------------------------------------------------------------------
 
@@ -204,49 +140,67 @@ class Trainer:
 
     def _make_experience(self, batch: list[PromptItem], generations: list) -> tuple[Experience, dict[str, float]]:
         """The scored, advantage-carrying Experience of one rollout, and its metrics."""
-        completions = [samples for per_prompt, _ in generations for samples in per_prompt]
-        generation_seconds = max(seconds for _, seconds in generations)
         n = self.rollout.samples_per_prompt
         prompts = [item for item in batch for _ in range(n)]  # prompt-major, as grouped estimators read
-        samples = [c for per_prompt in completions for c in per_prompt]
+        samples = [c for per_engine, _ in generations for per_prompt in per_engine for c in per_prompt]
         sequences, attention_mask, action_mask = self._pack(prompts, samples)
-        num_actions = action_mask.shape[1]
 
-        # 2. rewards
+        reward = self._score_rewards(prompts, samples)
+        log_probs, base_log_probs, values = self._log_probs_and_values(sequences, attention_mask, action_mask)
+        kl, kl_penalty = self._kl(log_probs, base_log_probs, action_mask)
+        advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, values)
+        experience = Experience(
+            sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
+            action_log_probs=log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
+            advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
+            group_ids=torch.arange(len(batch)).repeat_interleave(n),
+        )
+        generation_seconds = max(seconds for _, seconds in generations)
+        return experience, self._rollout_metrics(experience, reward, samples, generation_seconds)
+
+    def _score_rewards(self, prompts: list[PromptItem], samples: list[Completion]) -> RewardResult:
+        """2. every spec.reward source's score of each completion, and their weighted total."""
         texts = self.tokenizer.batch_decode([c.token_ids for c in samples], skip_special_tokens=True)
-        reward = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
+        return self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
 
-        # 3. log-probs and values, each group working on the whole batch at once
-        action_log_probs = self.actor.forward(sequences, attention_mask, num_actions)
+    def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
+                              action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """3. the actor's and (with a KL penalty) the reference's log-probs of the response tokens, and
+        (ppo) the critic's values; each group working on the whole batch at once."""
+        num_actions = action_mask.shape[1]
+        log_probs = self.actor.forward(sequences, attention_mask, num_actions)
         base_log_probs = values = None
         if "reference" in self.groups:
             base_log_probs = self.groups["reference"].forward(sequences, attention_mask, num_actions)
         if "critic" in self.groups:
             values = self.groups["critic"].forward(sequences, attention_mask, num_actions) * action_mask
+        return log_probs, base_log_probs, values
 
-        # 4. KL
+    def _kl(self, log_probs: Tensor, base_log_probs: Tensor | None,
+            action_mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """4. the per-token KL to the reference (none without one), and its penalty when training.kl
+        places it in the reward (in the loss, the actor's policy step adds it)."""
+        if base_log_probs is None:
+            return None, None
         kl_spec = self.training.kl
-        kl = kl_penalty = None
-        if base_log_probs is not None:
-            kl = compute_kl(action_log_probs, base_log_probs, action_mask, kl_spec.estimator)
-            if kl_spec.placement == "reward":
-                kl_penalty = kl_in_reward(kl, kl_spec.coef, action_mask)
+        kl = compute_kl(log_probs, base_log_probs, action_mask, kl_spec.estimator)
+        penalty = kl_in_reward(kl, kl_spec.coef, action_mask) if kl_spec.placement == "reward" else None
+        return kl, penalty
 
-        # 5. advantages
-        advantages, returns = compute_advantages(
-            ALGORITHMS[self.spec.algorithm].advantage,
-            AdvantageInputs(reward.total, action_mask, kl_penalty=kl_penalty, values=values, n_samples_per_prompt=n),
+    def _advantages(self, rewards: Tensor, action_mask: Tensor, kl_penalty: Tensor | None,
+                    values: Tensor | None) -> tuple[Tensor, Tensor]:
+        """5. advantages and returns from the estimator the catalogue names for spec.algorithm."""
+        return compute_advantages(
+            self.algorithm.advantage,
+            AdvantageInputs(rewards, action_mask, kl_penalty=kl_penalty, values=values,
+                            n_samples_per_prompt=self.rollout.samples_per_prompt),
             AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda),
         )
-        response_length = action_mask.sum(-1)
-        experience = Experience(
-            sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
-            action_log_probs=action_log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
-            advantages=advantages, returns=returns, rewards=reward.total, response_length=response_length,
-            group_ids=torch.arange(len(batch)).repeat_interleave(n),
-        )
 
-        rollout_log_probs = self._pad([c.log_probs for c in samples], num_actions, 0.0, torch.float32)
+    def _rollout_metrics(self, experience: Experience, reward: RewardResult, samples: list[Completion],
+                         generation_seconds: float) -> dict[str, float]:
+        action_mask, response_length = experience.action_mask, experience.response_length
+        rollout_log_probs = self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32)
         metrics = {
             "reward_mean": reward.total.mean().item(),
             "reward_std": reward.total.std().item() if len(samples) > 1 else 0.0,
@@ -256,16 +210,16 @@ class Trainer:
             "tokens_per_second": response_length.sum().item() / generation_seconds,
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
-            "logprob_diff": masked_mean((rollout_log_probs - action_log_probs).abs(), action_mask).item(),
-            "advantage_mean": masked_mean(advantages, action_mask).item(),
+            "logprob_diff": masked_mean((rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
+            "advantage_mean": masked_mean(experience.advantages, action_mask).item(),
         }
-        if kl is not None:
-            metrics["kl"] = masked_mean(kl, action_mask).item()
-        return experience, metrics
+        if experience.kl is not None:
+            metrics["kl"] = masked_mean(experience.kl, action_mask).item()
+        return metrics
 
     def _pack(self, prompts: list[PromptItem], samples: list[Completion]):
         """sequences [B, P + T]: prompts left-padded to P, responses right-padded to T; their masks."""
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        pad = self.pad_token_id
         width = max(len(p.prompt_token_ids) for p in prompts)
         num_actions = max(1, max(len(c.token_ids) for c in samples))
         prompt_ids = torch.stack([
@@ -293,19 +247,14 @@ class Trainer:
         pending = {role: g.train(experience, generator=generator, **options) for role, g in self.trained_groups.items()}
         return {key: value for refs in pending.values() for key, value in mean_metrics(refs).items()}
 
-    # -- 8. checkpoints --------------------------------------------------------------------------
+    # -- 7. weight sync ---------------------------------------------------------------------------
 
-    def _save(self, data_position: dict) -> None:
-        path = checkpoint.save(self.checkpoint_dir, self.step, self.trained_groups, {"prompts": data_position},
-                               keep=self.spec.checkpoint.keep)
-        self.reporter.checkpoint(self.step, str(path))
-
-    def _resume(self) -> None:
-        path = checkpoint.latest(self.checkpoint_dir) if self.spec.checkpoint.resume else None
-        if path is None:
-            return
-        state = checkpoint.load(path, self.trained_groups)
-        self.step = state["step"]
-        self.prompts.load_state_dict(state["prompts"])
+    def _sync_weights(self) -> None:
         sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype, use_gpu=self.placement.use_gpu)
-        log.info("resumed from %s at step %d", path, self.step)
+
+    def _resume(self) -> bool:
+        """RunLoop's resume, then the checkpoint's actor weights to the engines (they load the initial ones)."""
+        resumed = super()._resume()
+        if resumed:
+            self._sync_weights()
+        return resumed

@@ -27,7 +27,8 @@ from rlhf_api.v1alpha1 import RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
 from ..experience import Experience
-from .model_worker import ModelConfig, ModelWorker
+from .engine import ModelConfig
+from .model_worker import ModelWorker
 from .rollout import CPU_ENV, RolloutEngine
 
 ROLLOUT = "rollout"

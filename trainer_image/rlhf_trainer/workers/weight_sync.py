@@ -53,13 +53,16 @@ def init_sender(master_addr: str, master_port: int, world_size: int):
     return _communicator(master_addr, master_port, 0, world_size)
 
 
-def broadcast_parameters(worker, engines: list, dtype: torch.dtype) -> None:
-    """Runs on every actor rank (the gather is collective); rank 0 broadcasts each parameter."""
-    for name, tensor in worker.named_full_parameters(dtype):
-        if worker.rank == 0:
+def broadcast_parameters(model, sync_group, engines: list, dtype: torch.dtype) -> None:
+    """Runs on every actor rank (the gather is collective); rank 0 broadcasts each parameter over
+    its sync_group (init_sender's)."""
+    from .weights import named_full_parameters  # here: vLLM's workers import this module for the extension
+
+    for name, tensor in named_full_parameters(model, dtype):
+        if model.rank == 0:
             dtype_name = str(dtype).removeprefix("torch.")
             received = [e.receive_weight.remote(name, dtype_name, tuple(tensor.shape)) for e in engines]
-            worker.sync_group.broadcast(tensor.contiguous(), src=0, stream=torch.cuda.current_stream())
+            sync_group.broadcast(tensor.contiguous(), src=0, stream=torch.cuda.current_stream())
             ray.get(received)
 
 

@@ -1,0 +1,155 @@
+"""The run loop both trainers share: the online Trainer (trainer.py) and the OfflineTrainer (offline.py).
+
+A run is `total_steps` steps over a resumable data loader (data.PromptLoader), training.maxSteps
+at most: each step trains one batch (the subclass's `_steps`) and is logged; a checkpoint is
+saved every checkpoint.intervalSteps steps and after the last one, and checkpoint.resume
+continues from the newest one with the trained groups' state, the step and the loader's
+position. The model groups live in one placement group, reserved by `_start` and freed by `close`.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Iterator
+
+import ray
+from ray.util.placement_group import remove_placement_group
+
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import RLHFJob
+
+from . import checkpoint
+from .data import PromptLoader
+from .paths import model_path
+from .reporting import Reporter
+from .workers.engine import TRAINED_ROLES, ModelConfig
+from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_group
+
+log = logging.getLogger(__name__)
+
+
+class RunLoop(ABC):
+    """A subclass's __init__ calls `_use_data`, then `_start`; it implements `_start_workers` and `_steps`."""
+
+    data_key: str  # the loader's position in a checkpoint's trainer_state.json
+
+    def __init__(self, job: RLHFJob, placement: Placement, *, base_dir: Path, output_dir: Path, reporter: Reporter):
+        from transformers import AutoTokenizer
+
+        self.job, self.spec, self.placement = job, job.spec, placement
+        self.training, self.algorithm = job.spec.training, ALGORITHMS[job.spec.algorithm]
+        self.base_dir, self.reporter = Path(base_dir), reporter
+        self.checkpoint_dir = Path(output_dir) / self.spec.checkpoint.path  # an absolute path stays as it is
+        self.actor_path = model_path(self.spec.models, "actor", self.base_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path, revision=self.spec.models.actor.revision)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.tokenizer.eos_token_id
+        self.step = 0
+        self.groups: dict[str, ModelGroup] = {}
+
+    def _use_data(self, data: PromptLoader, passes: int) -> None:
+        """Train on `passes` epochs of the loader's batches, training.maxSteps at most."""
+        self.data, self.passes = data, passes
+        self.total_steps = passes * len(data)
+        if self.training.max_steps:
+            self.total_steps = min(self.total_steps, self.training.max_steps)
+
+    # -- Ray actors ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Reserve the placement group and start the workers; stop what started if that fails."""
+        self.placement_group = create_placement_group(self.placement)
+        try:
+            self._start_workers()
+        except BaseException:
+            self.close()
+            raise
+
+    @abstractmethod
+    def _start_workers(self) -> None:
+        """Start the model groups (`_start_groups`) and whatever else the run needs, and wait until they are up."""
+
+    def _start_groups(self, **config: Any) -> list[ray.ObjectRef]:
+        """A ModelGroup per role of the placement, loading its model with ModelConfig(..., **config);
+        wait on the returned refs."""
+        self.groups = {role: ModelGroup(role, self.placement_group, self.placement)
+                       for role, bundles in self.placement.ranks.items() if role != ROLLOUT and bundles}
+        return [ref for role, group in self.groups.items() for ref in group.setup(self._model_config(role, **config))]
+
+    def _model_config(self, role: str, **config: Any) -> ModelConfig:
+        _, model = self.spec.models.source(role)
+        return ModelConfig(role=role, path=model_path(self.spec.models, role, self.base_dir), model=model,
+                           training=self.training, use_gpu=self.placement.use_gpu, **config)
+
+    @property
+    def trained(self) -> ModelGroup:
+        """The group the run trains and exports: the algorithm's first role (the actor, or rm)."""
+        return self.groups[self.algorithm.roles[0]]
+
+    @property
+    def trained_groups(self) -> dict[str, ModelGroup]:
+        """Every group with an optimizer (the actor or rm, and the critic): what a checkpoint holds."""
+        return {role: group for role, group in self.groups.items() if role in TRAINED_ROLES}
+
+    def _actors(self) -> list:
+        """This run's Ray actors: every rank of every model group."""
+        return [worker for group in self.groups.values() for worker in group.workers]
+
+    def close(self) -> None:
+        """Stop this run's Ray actors and free its placement group (the Ray instance may live on)."""
+        for handle in self._actors():
+            ray.kill(handle)
+        remove_placement_group(self.placement_group)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def fit(self) -> None:
+        self._resume()
+        for metrics, data_position in self._steps(self._batches()):
+            self.step += 1
+            self.reporter.log(self.step, metrics)
+            interval = self.spec.checkpoint.interval_steps
+            if (interval and self.step % interval == 0) or self.step == self.total_steps:
+                self._save(data_position)
+        if self.spec.checkpoint.export_hf:
+            ray.get(self.trained.call("save_pretrained", str(self.checkpoint_dir / "final")))
+
+    @abstractmethod
+    def _steps(self, batches: Iterator[tuple[list, dict]]) -> Iterator[tuple[dict[str, float], dict]]:
+        """Train the batches, one step each: yield each step's metrics and the data position after it.
+        `fit` counts the step (self.step) before it asks for the next one."""
+
+    def _batches(self) -> Iterator[tuple[list, dict]]:
+        """The batches left, each with the loader's position after it, up to the run's last step."""
+        drawn = self.step
+        while self.data.epoch < self.passes:
+            for batch in self.data:
+                if drawn == self.total_steps:
+                    return
+                drawn += 1
+                yield batch, self.data.state_dict()
+
+    def _epoch(self, data_position: dict) -> float:
+        """The data trained on by a step, in epochs (the `epoch` metric)."""
+        return data_position["epoch"] + data_position["position"] / len(self.data)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _save(self, data_position: dict) -> None:
+        path = checkpoint.save(self.checkpoint_dir, self.step, self.trained_groups, {self.data_key: data_position},
+                               keep=self.spec.checkpoint.keep)
+        self.reporter.checkpoint(self.step, str(path))
+
+    def _resume(self) -> bool:
+        """Continue from the newest complete checkpoint (checkpoint.resume); whether there was one."""
+        path = checkpoint.latest(self.checkpoint_dir) if self.spec.checkpoint.resume else None
+        if path is None:
+            return False
+        state = checkpoint.load(path, self.trained_groups)
+        self.step = state["step"]
+        self.data.load_state_dict(state[self.data_key])
+        log.info("resumed from %s at step %d", path, self.step)
+        return True

@@ -1,0 +1,183 @@
+"""One rank's model inside a DeepSpeed engine: the config a rank is sent, each role's DeepSpeed
+config and learning-rate schedule, loading the Hugging Face model, and the forward passes the
+training steps (objectives.py) and the worker's scoring share.
+
+Roles:
+- actor: causal LM, trained with the PPO-clip loss; log-probs of response tokens.
+- reference: frozen causal LM; log-probs for the KL penalty.
+- critic: sequence classifier whose score head is read at every token (values), trained with the value loss.
+- reward: frozen sequence classifier scoring whole texts (the reward of a `type: model` source).
+- rm: the same sequence classifier, trained (the offline algorithm rm), exported in Hugging Face format.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
+
+from ..losses import token_log_probs
+
+CAUSAL_LM_ROLES = ("actor", "reference")
+TRAINED_ROLES = ("actor", "critic", "rm")
+SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
+MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
+
+
+@dataclass
+class ModelConfig:
+    """What a rank needs to build its model and engine (sent once, at setup)."""
+
+    role: str  # actor | critic | reference | reward
+    path: str  # resolved local directory or Hugging Face id
+    model: ModelSpec
+    training: TrainingSpec
+    temperature: float = 1.0  # log-probs are those of the sampling distribution softmax(logits / T)
+    optimizer_steps: int = 1  # length of the learning-rate schedule
+    use_gpu: bool = False
+
+
+def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
+    """DeepSpeed config of a role; frozen models keep ZeRO-3 sharding (or none) and get no optimizer."""
+    training, trainable = cfg.training, cfg.role in TRAINED_ROLES
+    stage = training.zero_stage if trainable else (3 if training.zero_stage == 3 else 0)
+    zero: dict = {"stage": stage}
+    if trainable and training.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
+    micro = training.micro_train_batch_size if trainable else training.micro_rollout_batch_size
+    config = {
+        "train_micro_batch_size_per_gpu": micro,
+        "train_batch_size": training.train_batch_size if trainable else micro * world_size,
+        "gradient_clipping": training.max_grad_norm,
+        "zero_optimization": zero,
+        # bf16 mixed precision keeps fp32 master weights in the optimizer; a float32 model trains in float32.
+        "bf16": {"enabled": training.bf16 and cfg.model.dtype == "bfloat16"},
+        "fp16": {"enabled": cfg.model.dtype == "float16"},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if trainable:
+        lr = training.critic_learning_rate if cfg.role == "critic" else training.learning_rate
+        config["optimizer"] = {"type": "AdamW", "params": {
+            "lr": lr, "betas": [0.9, 0.95], "weight_decay": training.weight_decay,
+            # DeepSpeed's default here is FusedAdam, a CUDA kernel (a long JIT build on CPU).
+            "torch_adam": not cfg.use_gpu and not training.offload_optimizer,
+        }}
+    return config
+
+
+def lr_scheduler(cfg: ModelConfig, optimizer):
+    """training.lrScheduler over cfg.optimizer_steps, after training.lrWarmupRatio of them of warmup."""
+    from transformers import get_scheduler
+
+    training, steps = cfg.training, cfg.optimizer_steps
+    cosine = training.lr_scheduler == "cosine_with_min_lr"
+    return get_scheduler(
+        SCHEDULERS[training.lr_scheduler], optimizer,
+        num_warmup_steps=math.ceil(training.lr_warmup_ratio * steps), num_training_steps=steps,
+        scheduler_specific_kwargs={"min_lr_rate": MIN_LR_RATE} if cosine else None,
+    )
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only, so a left-padded prompt sees the positions vLLM used."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 1)
+
+
+class ValueModel(nn.Module):
+    """A sequence classifier read at every position: the value (critic) or reward of each prefix."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.classifier.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        ).last_hidden_state
+        return self.classifier.score(hidden).squeeze(-1).float()  # [B, S]
+
+
+@dataclass
+class Model:
+    """One rank's model in its DeepSpeed engine (see `load_model`), with the forward passes it is read by."""
+
+    cfg: ModelConfig
+    rank: int
+    engine: Any  # deepspeed.DeepSpeedEngine
+    tokenizer: Any
+    zero3: bool  # parameters sharded (ZeRO-3): reading a full one is a collective gather
+    # Under ZeRO-3, from_pretrained must see the config to load straight into shards; it has to
+    # stay alive as long as the model (transformers holds only a weak reference).
+    hf_ds_config: Any = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    def action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature."""
+        logits = self.engine(
+            input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+            logits_to_keep=num_actions + 1,
+        ).logits[:, :-1]
+        return logits.float() / (self.cfg.temperature or 1.0)
+
+    def action_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """log pi of each of the last num_actions tokens [B, T] (padding included: mask it)."""
+        logits = self.action_logits(sequences, attention_mask, num_actions)
+        return token_log_probs(logits, sequences[:, -num_actions:])
+
+    def action_values(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """V(s_t) [B, T]: the value of the prefix before each response token."""
+        return self.engine(sequences, attention_mask)[:, :-1][:, -num_actions:]
+
+    def last_token_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
+        """The classifier's score at the last real token of each right-padded row [B]."""
+        values = self.engine(sequences, attention_mask)  # [B, S]
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).argmax(-1)
+        return values.gather(1, last.unsqueeze(1)).squeeze(1)
+
+    def backward_step(self, loss: Tensor) -> None:
+        """Accumulate the loss's gradients; DeepSpeed steps the optimizer at the accumulation boundary."""
+        self.engine.backward(loss)
+        self.engine.step()
+
+    @property
+    def learning_rate(self) -> float:
+        return self.engine.get_lr()[0]
+
+
+def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
+    """The role's model from cfg.path inside a DeepSpeed engine (torch.distributed must be up)."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.integrations import HfDeepSpeedConfig
+
+    ds_config = deepspeed_config(cfg, world_size)
+    zero3 = ds_config["zero_optimization"]["stage"] == 3
+    hf_ds_config = HfDeepSpeedConfig(ds_config) if zero3 else None
+    load = dict(dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation,
+                revision=cfg.model.revision)
+    if cfg.role in CAUSAL_LM_ROLES:
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
+    else:
+        model = ValueModel(AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
+    trainable = cfg.role in TRAINED_ROLES
+    if not trainable:
+        model.requires_grad_(False)
+    elif cfg.model.gradient_checkpointing:
+        hf_model = model if cfg.role in CAUSAL_LM_ROLES else model.classifier
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+                                      lr_scheduler=partial(lr_scheduler, cfg) if trainable else None)
+    engine.train(trainable)
+    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config)

@@ -1,0 +1,138 @@
+"""The training steps: each trains one micro-batch on one rank, `step(model, batch, **options) -> metrics`.
+
+- online (trainer.py): `policy_step` (the actor, PPO-clip) and `value_step` (the critic) on
+  experience.Experience micro-batches;
+- offline (offline.py): OFFLINE_STEPS, keyed by offline.Objective.step, on offline_data.OfflineBatch
+  micro-batches: sft, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
+
+Each step calls Model.backward_step once: DeepSpeed steps the optimizer every trainBatchSize /
+(microTrainBatchSize * ranks) micro-batches (its gradient accumulation).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from torch import Tensor
+
+from ..algorithms.kl import compute_kl, kl_in_loss
+from ..experience import Experience
+from ..losses import (
+    PREFERENCE_LOSSES,
+    PreferenceConfig,
+    PreferenceInputs,
+    Registry,
+    entropy_bonus,
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    pairwise_reward_loss,
+    ppo_policy_loss,
+    reward_accuracy,
+    sft_loss,
+    token_log_probs,
+    value_loss,
+)
+from ..offline_data import OfflineBatch
+from .engine import Model
+
+Step = Callable[..., "dict[str, float]"]  # (model, micro-batch, **options) -> metrics
+OFFLINE_STEPS: Registry[Step] = Registry("offline training step")
+
+
+def mean_over_micro_batches(model: Model, step: Step, micro_batches: Sequence, **options) -> dict[str, float]:
+    """`step` on each micro-batch (moved to the model's device) in turn; the mean of their metrics."""
+    totals: dict[str, float] = {}
+    for batch in micro_batches:
+        for key, value in step(model, batch.to(model.device), **options).items():
+            totals[key] = totals.get(key, 0.0) + value
+    return {key: value / len(micro_batches) for key, value in totals.items()}
+
+
+# -- online: the actor and the critic ------------------------------------------------------------
+
+
+def policy_step(model: Model, exp: Experience) -> dict[str, float]:
+    """PPO-clip (with training.kl in the loss when placed there, and the entropy bonus)."""
+    training = model.cfg.training
+    logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
+    log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
+    policy = ppo_policy_loss(
+        log_probs, exp.action_log_probs, exp.advantages, exp.action_mask,
+        clip_eps_low=training.clip_eps, clip_eps_high=training.clip_eps_high or None,
+        dual_clip=training.dual_clip, aggregation=training.loss_aggregation,
+    )
+    loss = policy.loss
+    metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
+    metrics["policy_loss"] = metrics.pop("loss")
+    if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
+        kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
+        loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, training.loss_aggregation)
+    entropy = entropy_from_logits(logits if training.entropy_coef else logits.detach())
+    if training.entropy_coef:
+        loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, training.loss_aggregation)
+    metrics["entropy"] = float(masked_mean(entropy.detach(), exp.action_mask))
+    model.backward_step(loss)
+    return metrics
+
+
+def value_step(model: Model, exp: Experience) -> dict[str, float]:
+    """The clipped value loss against the returns."""
+    training = model.cfg.training
+    values = model.action_values(exp.sequences, exp.attention_mask, exp.num_actions)
+    result = value_loss(values, exp.values, exp.returns, exp.action_mask,
+                        clip_eps=training.value_clip, aggregation=training.loss_aggregation)
+    model.backward_step(result.loss)
+    metrics = result.metrics()
+    return {"value_loss": metrics["loss"], "value_clip_fraction": metrics["clip_fraction"]}
+
+
+# -- offline -------------------------------------------------------------------------------------
+
+
+@OFFLINE_STEPS.register("sft")
+def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
+    """Token NLL of the responses only (the prompt is context, not a target)."""
+    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
+    loss = sft_loss(log_probs, batch.action_mask, model.cfg.training.loss_aggregation)
+    model.backward_step(loss)
+    return {"loss": loss.item()}
+
+
+@OFFLINE_STEPS.register("preference")
+def preference_step(model: Model, batch: OfflineBatch, loss: str, config: PreferenceConfig) -> dict[str, float]:
+    """PREFERENCE_LOSSES[loss] on summed response log-probs of the desirable (chosen) and the
+    other rows (pairs keep their order on both sides); kto also reads the batch's kl_logps."""
+    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
+    logps = masked_sum(log_probs, batch.action_mask, dim=-1)
+    good, reference = batch.desirable, batch.reference_logps
+    kl = (batch.kl_logps[0:1], batch.kl_logps[1:2]) if batch.kl_logps is not None else (None, None)
+    inputs = PreferenceInputs(logps[good], logps[~good], reference[good], reference[~good], *kl)
+    result = PREFERENCE_LOSSES[loss](inputs, config)
+    total = result.losses.mean()
+    model.backward_step(total)
+    metrics = {"loss": total.item(), **_pair_metrics(result.chosen_rewards, result.rejected_rewards)}
+    if result.kl is not None:
+        metrics["kto_reference_point"] = result.kl.item()
+    return metrics
+
+
+@OFFLINE_STEPS.register("pairwise")
+def pairwise_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
+    """Bradley-Terry loss on the reward model's scores, read at each sequence's last token."""
+    chosen, rejected = model.last_token_scores(batch.sequences, batch.attention_mask).chunk(2)
+    loss = pairwise_reward_loss(chosen, rejected)
+    model.backward_step(loss)
+    return {"loss": loss.item(), **_pair_metrics(chosen.detach(), rejected.detach())}
+
+
+def _pair_metrics(chosen: Tensor, rejected: Tensor) -> dict[str, float]:
+    """Implicit (dpo) or model (rm) rewards of chosen and rejected responses: accuracy and margin
+    (unpaired kto batches: the margin of the means, no accuracy; a side a batch lacks counts 0)."""
+    chosen_mean = chosen.float().mean().item() if chosen.numel() else 0.0
+    rejected_mean = rejected.float().mean().item() if rejected.numel() else 0.0
+    metrics = {"reward_margin": chosen_mean - rejected_mean, "chosen_reward": chosen_mean,
+               "rejected_reward": rejected_mean}
+    if chosen.shape == rejected.shape:
+        metrics["reward_accuracy"] = reward_accuracy(chosen.float(), rejected.float()).item()
+    return metrics
