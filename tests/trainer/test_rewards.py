@@ -14,7 +14,7 @@ import yaml
 
 from rlhf_api import contract
 from rlhf_api.validation import validate
-from rlhf_api.v1alpha1 import ModelSpec, RewardSpec
+from rlhf_api.v1alpha1 import RewardSpec
 from rlhf_trainer.rewards import RewardError, RewardModelScorer, build_reward
 from rlhf_trainer.rewards import function as function_rewards
 from rlhf_trainer.rewards.http import HTTPScorer
@@ -289,17 +289,6 @@ def test_reward_model_scores_prompt_plus_completion(reward_model_dir):
     with torch.no_grad():
         torch.testing.assert_close(scorer.model(**tokens).logits[0, 0], scores[3])
     assert scorer([], []).shape == (0,)
-
-
-def test_model_source_loads_the_reward_model_locally(reward_model_dir):
-    reward = build_reward(
-        spec({"name": "rm", "type": "model", "weight": 0.5}), base_dir=reward_model_dir.parent,
-        reward_model=ModelSpec(path="rm", dtype="float32"),  # relative to the job file's folder
-    )
-    expected = RewardModelScorer(str(reward_model_dir))(PROMPTS, COMPLETIONS)
-    result = reward.score(PROMPTS, COMPLETIONS, LABELS)
-    torch.testing.assert_close(result.by_source["rm"], expected)
-    torch.testing.assert_close(result.total, 0.5 * expected)
 
 
 def test_model_source_uses_the_scorer_it_is_given(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlhf_api.v1alpha1 import ModelSpec, RewardSource, RewardSpec
+from rlhf_api.v1alpha1 import RewardSource, RewardSpec
 
 from .function import function_source
 from .http import http_source
@@ -36,7 +36,6 @@ class SourceContext:
 
     base_dir: Path  # the job file's directory: relative paths start here
     model_scorer: Callable[[list[str], list[str]], Tensor] | None  # scores for type model (e.g. a Ray actor's)
-    reward_model: ModelSpec | None  # spec.models.reward, loaded locally when no model_scorer is given
 
 
 SOURCE_BUILDERS: dict[str, Callable[[RewardSource, SourceContext], Scorer]] = {
@@ -108,10 +107,9 @@ def build_reward(
     *,
     base_dir: Path,
     model_scorer: Callable[[list[str], list[str]], Tensor] | None = None,
-    reward_model: ModelSpec | None = None,
 ) -> Reward:
-    """The job's reward. Sources of type model use model_scorer, or else load reward_model here."""
-    context = SourceContext(Path(base_dir), model_scorer, reward_model)
+    """The job's reward. Sources of type model score with model_scorer (the reward-model group's call)."""
+    context = SourceContext(Path(base_dir), model_scorer)
     sources = []
     for source in spec.sources:
         try:

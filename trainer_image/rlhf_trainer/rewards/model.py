@@ -1,20 +1,18 @@
 """Reward sources of type model: a sequence classifier with one label scores prompt + completion.
 
-RewardModelScorer is a plain class so the training loop can host it in a Ray actor (on a GPU)
-and hand `build_reward` the actor's scoring call; without one it is loaded in this process.
+In a run the reward-model group (workers.ModelWorker.score) scores, and `build_reward` gets its
+call. RewardModelScorer scores the same text in one process: a trained rm tried by hand, and the
+reference the reward group is tested against.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from rlhf_api.v1alpha1 import ModelSpec, RewardSource
-
-from ..paths import resolve
+from rlhf_api.v1alpha1 import RewardSource
 
 if TYPE_CHECKING:
     from . import SourceContext
@@ -37,10 +35,6 @@ class RewardModelScorer:
         if self.model.config.pad_token_id is None:  # the classifier finds each sequence's last token by it
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
 
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, base_dir: Path) -> RewardModelScorer:
-        return cls(resolve(spec.path, base_dir), dtype=spec.dtype, revision=spec.revision)
-
     @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str]) -> Tensor:
         """[N] float32 scores, read at the last token of prompt + completion + eos."""
@@ -57,10 +51,7 @@ class RewardModelScorer:
 
 
 def model_source(source: RewardSource, context: SourceContext):
-    if context.model_scorer is not None:
-        scorer = context.model_scorer
-    elif context.reward_model is not None:
-        scorer = RewardModelScorer.from_spec(context.reward_model, context.base_dir)
-    else:
+    scorer = context.model_scorer
+    if scorer is None:
         raise ValueError("a reward source of type model needs spec.models.reward")
     return lambda prompts, completions, labels: scorer(prompts, completions)
