@@ -6,6 +6,9 @@
 - ``kwok_nodes`` (session): starts kwok on that control plane and creates the fake GPU/CPU
   nodes of e2e/kwok/nodes.yaml; returns their names.
 - ``kuberay_operator`` (session): starts the real KubeRay operator (and kwok, so its pods run).
+- ``kueue`` (module): starts Kueue (with KubeRay and kwok) for one test module, stops it after.
+- ``kueue_queues``: make(gpus) creates ResourceFlavors over the kwok nodes, a ClusterQueue with
+  that GPU quota and a LocalQueue in the test's namespace; returns the LocalQueue's name.
 - ``kube_api``: typed clients (core, apps, batch, rbac, custom objects, apiextensions).
 - ``kubeconfig``: the kubeconfig path, also exported as KUBECONFIG for the session.
 - ``namespace``: a fresh namespace per test (with its default ServiceAccount), deleted after.
@@ -23,12 +26,13 @@ import re
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pytest
 
 from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
+from e2e.controlplane import queues as kueue_objects
 
 _STARTED: list[ControlPlane] = []
 
@@ -74,6 +78,45 @@ def kwok_nodes(control_plane: ControlPlane) -> list[str]:
 def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> ControlPlane:
     control_plane.start_kuberay()
     return control_plane
+
+
+@pytest.fixture(scope="module")
+def kueue(kuberay_operator: ControlPlane) -> Iterator[ControlPlane]:
+    """Kueue (framework ray.io/rayjob) for this module's tests, stopped after them: Kueue acts on
+    every RayJob with a queue label, and other modules label RayJobs while playing Kueue's part
+    themselves."""
+    kuberay_operator.start_kueue()
+    try:
+        yield kuberay_operator
+    finally:
+        # Kueue releases the finalizers of the Workloads of deleted jobs; without it their
+        # namespaces would never go.
+        try:
+            wait_for(lambda: not kuberay_operator._get_json(
+                f"/apis/{kueue_objects.API}/workloads")[1]["items"], 60, "Workloads to be deleted")
+        except AssertionError as e:
+            warnings.warn(str(e), stacklevel=1)
+        kuberay_operator.stop_kueue()
+
+
+@pytest.fixture
+def kueue_queues(kueue: ControlPlane,
+                 namespace: str) -> Iterator[Callable[[Mapping[str, int]], str]]:
+    """make({gpu product: count}) -> a LocalQueue in the test's namespace whose ClusterQueue has
+    that many GPUs of each product (no others), on ResourceFlavors of the kwok nodes."""
+    made: list[tuple[str, str]] = []
+
+    def make(gpus: Mapping[str, int]) -> str:
+        # The LocalQueue's name becomes a label value (at most 63 characters); the ClusterQueue
+        # is cluster-wide, so it is named after the namespace.
+        local, cluster = f"queue-{len(made)}", f"{namespace}-{len(made)}"
+        kueue_objects.create_queues(kueue, namespace, local, cluster, gpus)
+        made.append((local, cluster))
+        return local
+
+    yield make
+    for local, cluster in made:
+        kueue_objects.delete_queues(kueue, namespace, local, cluster)
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,10 @@
 #   etcd     etcd server                                              (go.etcd.io/etcd/server/v3, ./etcd)
 #   kwok     kwok + its upstream "fast" stages                        (sigs.k8s.io/kwok)
 #   kuberay  KubeRay operator + its CRD YAMLs                         (github.com/ray-project/kuberay/ray-operator, ./kuberay)
+#   kueue    Kueue controller manager + its CRD and webhook YAMLs      (sigs.k8s.io/kueue, ./kueue)
 #   helm     helm                                                     (helm.sh/helm/v3)
 #
-# Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|helm|paths]...   (default: all)
+# Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|kueue|helm|paths]...   (default: all)
 #
 # Versions are pinned in versions.env (also read by e2e/controlplane/). Binaries land in
 #   ${RLHF_CACHE:-$HOME/.cache/rlhf-operator}/bin/<name>-<version>/
@@ -62,10 +63,23 @@ mod_dir() { # module@version -> its directory in the module cache (downloads it)
   (cd "$HERE" && GOFLAGS= "$GO" mod download -json "$1") | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
 }
 
+# Wrapper modules (./kube, ./etcd, ./kuberay, ./kueue) pin a module in their go.mod/go.sum.
+require_pinned() { # wrapper module version: its go.mod requires module at version (versions.env)
+  grep -qE "^(require)?[[:space:]]*$2 $3( // indirect)?\$" "$HERE/$1/go.mod" ||
+    { log "$1/go.mod does not require $2 $3 (versions.env); update both"; exit 1; }
+}
+
+wrapper_build() { # wrapper ldflags out package: go build in the wrapper module
+  (cd "$HERE/$1" && $NICE "$GO" build -mod=readonly -trimpath -ldflags "$2" -o "$3" "$4")
+}
+
+wrapper_mod_dir() { # wrapper module -> the module's directory in the module cache
+  (cd "$HERE/$1" && "$GO" list -mod=readonly -m -f '{{.Dir}}' "$2")
+}
+
 build_kube() {
   local v=$KUBERNETES_VERSION dir=$BIN/kubernetes-$KUBERNETES_VERSION
-  grep -qE "^(require)?[[:space:]]*k8s.io/kubernetes $v( // indirect)?\$" "$HERE/kube/go.mod" ||
-    { log "kube/go.mod does not require k8s.io/kubernetes $v (versions.env); update both"; exit 1; }
+  require_pinned kube k8s.io/kubernetes "$v"
   local mm=${v#v}; local major=${mm%%.*} rest=${mm#*.}; local minor=${rest%%.*}
   local ld="-s -w" k
   for k in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -93,8 +107,7 @@ build_kube() {
 
 build_etcd() {
   local v=$ETCD_VERSION dir=$BIN/etcd-$ETCD_VERSION
-  grep -qE "^(require)?[[:space:]]*go.etcd.io/etcd/server/v3 $v\$" "$HERE/etcd/go.mod" ||
-    { log "etcd/go.mod does not require go.etcd.io/etcd/server/v3 $v (versions.env); update both"; exit 1; }
+  require_pinned etcd go.etcd.io/etcd/server/v3 "$v"
   local ld="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$v"
   local key; key=$(step_key etcd "$v" "$ld" "$HERE/etcd/go.mod" "$HERE/etcd/go.sum" "$HERE/etcd/main.go")
   if up_to_date "$dir" "$key" etcd; then log "etcd $v: cached in $dir"; return; fi
@@ -136,8 +149,7 @@ build_kwok() {
 
 build_kuberay() {
   local v=$KUBERAY_VERSION dir=$BIN/kuberay-$KUBERAY_VERSION
-  grep -qE "^(require)?[[:space:]]*github.com/ray-project/kuberay/ray-operator $v( // indirect)?\$" "$HERE/kuberay/go.mod" ||
-    { log "kuberay/go.mod does not require github.com/ray-project/kuberay/ray-operator $v (versions.env); update both"; exit 1; }
+  require_pinned kuberay github.com/ray-project/kuberay/ray-operator "$v"
   local ld="-s -w"
   local key; key=$(step_key kuberay "$v" "$ld" "$HERE/kuberay/go.mod" "$HERE/kuberay/go.sum")
   if up_to_date "$dir" "$key" ray-operator crds/ray.io_rayclusters.yaml; then
@@ -145,13 +157,32 @@ build_kuberay() {
   log "kuberay $v: building"
   local start; start=$(date +%s)
   local tmp=$BIN/.tmp-kuberay-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp/crds"
-  (cd "$HERE/kuberay" && $NICE "$GO" build -mod=readonly -trimpath -ldflags "$ld" \
-      -o "$tmp/ray-operator" github.com/ray-project/kuberay/ray-operator)
+  wrapper_build kuberay "$ld" "$tmp/ray-operator" github.com/ray-project/kuberay/ray-operator
   # The CRDs ship inside the module; keep a copy next to the binary that serves them.
-  local src; src=$(cd "$HERE/kuberay" && "$GO" list -mod=readonly -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
+  local src; src=$(wrapper_mod_dir kuberay github.com/ray-project/kuberay/ray-operator)
   cp "$src"/config/crd/bases/ray.io_*.yaml "$tmp/crds/"
   chmod u+w "$tmp"/crds/*.yaml
   finish kuberay "$tmp" "$dir" "$key" "$start"
+}
+
+build_kueue() {
+  local v=$KUEUE_VERSION dir=$BIN/kueue-$KUEUE_VERSION
+  require_pinned kueue sigs.k8s.io/kueue "$v"
+  local ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-$v"
+  local key; key=$(step_key kueue "$v" "$ld" "$HERE/kueue/go.mod" "$HERE/kueue/go.sum")
+  if up_to_date "$dir" "$key" kueue crds/kueue.x-k8s.io_workloads.yaml webhook/manifests.yaml; then
+    log "kueue $v: cached in $dir"; return; fi
+  log "kueue $v: building"
+  local start; start=$(date +%s)
+  local tmp=$BIN/.tmp-kueue-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp/crds" "$tmp/webhook"
+  wrapper_build kueue "$ld" "$tmp/kueue" sigs.k8s.io/kueue/cmd/kueue
+  # What a kustomize install would apply, from the same module: the CRDs and the webhook
+  # configurations (e2e/controlplane/kueue.py points those at 127.0.0.1).
+  local src; src=$(wrapper_mod_dir kueue sigs.k8s.io/kueue)
+  cp "$src"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$tmp/crds/"
+  cp "$src"/config/components/webhook/manifests.yaml "$tmp/webhook/"
+  chmod -R u+w "$tmp"
+  finish kueue "$tmp" "$dir" "$key" "$start"
 }
 
 build_helm() {
@@ -180,6 +211,8 @@ KWOK=$BIN/kwok-$KWOK_VERSION/kwok
 KWOK_STAGES=$BIN/kwok-$KWOK_VERSION/stages
 KUBERAY_OPERATOR=$BIN/kuberay-$KUBERAY_VERSION/ray-operator
 KUBERAY_CRDS=$BIN/kuberay-$KUBERAY_VERSION/crds
+KUEUE=$BIN/kueue-$KUEUE_VERSION/kueue
+KUEUE_CRDS=$BIN/kueue-$KUEUE_VERSION/crds
 HELM=$BIN/helm-$HELM_VERSION/helm
 EOF
 }
@@ -194,10 +227,10 @@ flock 9
 t0=$(date +%s.%N)
 for t in "${targets[@]}"; do
   case $t in
-    all) build_etcd; build_kube; build_kwok; build_kuberay; build_helm ;;
-    kube|etcd|kwok|kuberay|helm) "build_$t" ;;
+    all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue; build_helm ;;
+    kube|etcd|kwok|kuberay|kueue|helm) "build_$t" ;;
     paths) print_paths ;;
-    *) log "unknown target $t (all|kube|etcd|kwok|kuberay|helm|paths)"; exit 2 ;;
+    *) log "unknown target $t (all|kube|etcd|kwok|kuberay|kueue|helm|paths)"; exit 2 ;;
   esac
 done
 log "done in $(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")s"

@@ -1,15 +1,16 @@
 """A real Kubernetes control plane on loopback, for tests and local use.
 
 etcd + kube-apiserver (RBAC, service-account signing keys, an admin token), and on request
-kube-controller-manager, kube-scheduler, kwok (fake GPU and CPU nodes, see e2e/kwok/) and the
-KubeRay operator. The binaries are built from upstream Go modules by e2e/build/build.sh at the
-versions pinned in e2e/build/versions.env. Every process listens on free loopback ports, logs
-to its own file in the state directory and is stopped by PID. The CRDs (crds/ and KubeRay's)
-are installed once per set of CRD files into a cached etcd "seed" that later starts copy.
+kube-controller-manager, kube-scheduler, kwok (fake GPU and CPU nodes, see e2e/kwok/), the
+KubeRay operator and Kueue (its webhooks called on 127.0.0.1). The binaries are built from
+upstream Go modules by e2e/build/build.sh at the versions pinned in e2e/build/versions.env.
+Every process listens on free loopback ports, logs to its own file in the state directory and
+is stopped by PID. The CRDs (crds/, KubeRay's and Kueue's) are installed once per set of CRD
+files into a cached etcd "seed" that later starts copy.
 
 As a library::
 
-    with ControlPlane(kwok=True, kuberay=True) as cp:
+    with ControlPlane(kwok=True, kuberay=True, kueue=True) as cp:
         ...  # cp.kubeconfig, cp.env(), cp.api_client()
 
 As a developer command (leaves the control plane running in the background)::
@@ -27,9 +28,10 @@ As a developer command (leaves the control plane running in the background)::
 #   certs.py       the PKI (openssl) and the admin token file
 #   client.py      the raw HTTPS client of the API server, health checks
 #   etcd.py, apiserver.py, components.py (kube-controller-manager, kube-scheduler),
-#   kwok.py, kuberay.py
+#   kwok.py, kuberay.py, kueue.py
 #                  one module per component: functions of the ControlPlane that launch
 #                  the process (cp._spawn) and wait until it is ready (cp._wait)
+#   queues.py      Kueue ResourceFlavors/ClusterQueue/LocalQueue over the kwok nodes
 #   crds.py        CRD install and the wait for Established
 #   seed.py        the cached etcd data dirs that already hold the CRDs
 #   state.py       state.json: what `attach` reads

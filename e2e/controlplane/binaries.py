@@ -18,8 +18,8 @@ E2E = REPO / "e2e"
 BUILD_SH = E2E / "build" / "build.sh"
 VERSIONS_FILE = E2E / "build" / "versions.env"
 # What a control plane may need (helm is built by build.sh but used by no test here).
-# KubeRay's CRDs are always installed, so its module is always needed.
-BUILD_TARGETS = ("etcd", "kube", "kwok", "kuberay")
+# KubeRay's and Kueue's CRDs are always installed, so their modules are always needed.
+BUILD_TARGETS = ("etcd", "kube", "kwok", "kuberay", "kueue")
 
 
 def cache_dir() -> Path:
@@ -85,6 +85,18 @@ class Binaries:
         return self._dir("kuberay", "KUBERAY_VERSION") / "crds"
 
     @property
+    def kueue(self) -> Path:
+        return self._dir("kueue", "KUEUE_VERSION") / "kueue"
+
+    @property
+    def kueue_crds(self) -> Path:
+        return self._dir("kueue", "KUEUE_VERSION") / "crds"
+
+    @property
+    def kueue_webhooks(self) -> Path:
+        return self._dir("kueue", "KUEUE_VERSION") / "webhook" / "manifests.yaml"
+
+    @property
     def helm(self) -> Path:
         return self._dir("helm", "HELM_VERSION") / "helm"
 
@@ -94,6 +106,8 @@ class Binaries:
             "kube": [self.kube_apiserver, self.kube_controller_manager, self.kube_scheduler],
             "kwok": [self.kwok, self.kwok_stages / "pod-ready.yaml"],
             "kuberay": [self.kuberay_operator, self.kuberay_crds / "ray.io_rayclusters.yaml"],
+            "kueue": [self.kueue, self.kueue_crds / "kueue.x-k8s.io_workloads.yaml",
+                      self.kueue_webhooks],
             "helm": [self.helm],
         }[target]
 

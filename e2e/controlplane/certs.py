@@ -1,6 +1,7 @@
 """The PKI of a control plane, made with openssl in its pki/ dir: a CA and the API server's
 serving certificate, the front proxy's CA and client certificate, the service-account signing
-key, and the static token file of the admin user."""
+key, and the static token file of the admin user; on request, serving certificates of other
+components (Kueue's webhook server) signed by the same CA."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def write_admin_token(pki: Path, token: str) -> None:
     (pki / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
 
 
+def make_serving_cert(pki: Path, name: str, cn: str, sans: list[str]) -> None:
+    """<name>.crt/.key in pki: a serving certificate for sans signed by the CA of make_pki."""
+    _openssl(pki, "req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+    (pki / f"{name}.ext").write_text(
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+        f"subjectAltName={','.join(sans)}\n")
+    _openssl(pki, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "3650", "-out", f"{name}.crt", "-extfile", f"{name}.ext")
+
+
 def make_pki(pki: Path) -> None:
     """A CA, the API server's serving certificate, and the service-account signing key."""
     _openssl(pki, "req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
@@ -32,23 +47,11 @@ def make_pki(pki: Path) -> None:
              "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
              "-addext", "subjectKeyIdentifier=hash")
-    _openssl(pki, "req", *EC, "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver")
-    sans = ",".join([
+    make_serving_cert(pki, "apiserver", "kube-apiserver", [
         "IP:127.0.0.1", "IP:10.96.0.1", "DNS:localhost", "DNS:kubernetes",
         "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
         "DNS:kubernetes.default.svc.cluster.local",
     ])
-    (pki / "apiserver.ext").write_text(
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid,issuer\n"
-        f"subjectAltName={sans}\n")
-    _openssl(pki, "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "3650", "-out", "apiserver.crt",
-             "-extfile", "apiserver.ext")
     # Front proxy (aggregation layer): its own CA and the API server's client cert. Also
     # lets controller-manager and scheduler load a request-header CA instead of logging
     # its absence every second.

@@ -35,7 +35,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if state.exists():
         shutil.rmtree(state)
     cp = ControlPlane(state, kwok=not args.no_kwok, kuberay=not args.no_kuberay,
-                      die_with_parent=False)
+                      kueue=args.kueue, die_with_parent=False)
     try:
         cp.start()
     except ControlPlaneError as e:
@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up = sub.add_parser("up", help="start in the background; prints the KUBECONFIG to export")
     up.add_argument("--no-kwok", action="store_true", help="no kwok and no fake nodes")
     up.add_argument("--no-kuberay", action="store_true", help="no KubeRay operator")
+    up.add_argument("--kueue", action="store_true", help="also Kueue (framework ray.io/rayjob)")
     up.set_defaults(fn=_cmd_up)
     down = sub.add_parser("down", help="stop it (by PID) and remove its state")
     down.add_argument("--keep", action="store_true", help="keep the state dir and logs")

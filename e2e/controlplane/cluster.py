@@ -1,6 +1,6 @@
 """ControlPlane: the facade that starts, stops and attaches to a whole control plane.
 
-Each component lives in its own module (etcd, apiserver, components, kwok, kuberay) as
+Each component lives in its own module (etcd, apiserver, components, kwok, kuberay, kueue) as
 functions of the ControlPlane; the underscore methods below (_spawn, _wait, _request,
 _get_json, _save_state) are the package-internal toolkit those functions use.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import apiserver, components, crds, etcd, kuberay, kwok, seed
+from . import apiserver, components, crds, etcd, kuberay, kueue, kwok, seed
 from .binaries import BUILD_TARGETS, Binaries, cache_dir, find_kubectl
 from .certs import make_pki, write_admin_token
 from .client import request
@@ -30,6 +30,7 @@ from .state import load_state, save_state
 RUNS_KEPT = 8
 # Order of stopping: dependents first.
 STOP_ORDER = (
+    "kueue",
     "kuberay-operator",
     "kwok",
     "kube-scheduler",
@@ -40,7 +41,8 @@ STOP_ORDER = (
 
 
 class ControlPlane:
-    """etcd + kube-apiserver, plus optional controller-manager, scheduler, kwok and KubeRay.
+    """etcd + kube-apiserver, plus optional controller-manager, scheduler, kwok, KubeRay and
+    Kueue.
 
     state_dir holds certificates, the kubeconfig, etcd's data, one log per process and
     state.json (ports, PIDs, timings). A temporary one is made when none is given.
@@ -54,6 +56,7 @@ class ControlPlane:
         scheduler: bool = True,
         kwok: bool = False,
         kuberay: bool = False,
+        kueue: bool = False,
         crds: bool = True,
         crd_paths: Iterable[Path] | None = None,
         build: bool = True,
@@ -73,6 +76,7 @@ class ControlPlane:
         self.want_scheduler = scheduler
         self.want_kwok = kwok
         self.want_kuberay = kuberay
+        self.want_kueue = kueue
         self.want_crds = crds
         self.extra_crd_paths = list(crd_paths or [])
         self.build = build
@@ -174,6 +178,8 @@ class ControlPlane:
                 self.start_kwok()
             if self.want_kuberay:
                 self.start_kuberay()
+            if self.want_kueue:
+                self.start_kueue()
             self.timings["start_total"] = round(time.monotonic() - self._t0, 2)
             self._save_state()
             self.log(f"ready in {self.timings['start_total']:.1f}s at {self.server} "
@@ -228,6 +234,18 @@ class ControlPlane:
         self._start_optional("kuberay-operator", "kuberay", kuberay.start)
         self.want_kuberay = True
 
+    def start_kueue(self) -> None:
+        """Start Kueue's controller manager and its webhooks (see kueue.py); wait until they
+        answer through the API server."""
+        self._start_optional("kueue", "kueue", kueue.start)
+        self.want_kueue = True
+
+    def stop_kueue(self) -> None:
+        """Remove Kueue's webhooks (they fail closed), then stop it: the cluster is as before."""
+        kueue.stop(self)
+        self.want_kueue = False
+        self._save_state()
+
     # ----------------------------------------------------------------- CRDs (crds.py)
     def repo_crd_files(self) -> list[Path]:
         """Every YAML in the repo's crds/ plus any extra paths given."""
@@ -236,9 +254,12 @@ class ControlPlane:
     def kuberay_crd_files(self) -> list[Path]:
         return crds.kuberay_crd_files(self.binaries)
 
+    def kueue_crd_files(self) -> list[Path]:
+        return crds.kueue_crd_files(self.binaries)
+
     def install_all_crds(self) -> None:
-        """KubeRay's CRDs (must apply) and the repo's crds/; a refused repo CRD goes to
-        crd_errors instead of failing the start."""
+        """KubeRay's and Kueue's CRDs (must apply) and the repo's crds/; a refused repo CRD
+        goes to crd_errors instead of failing the start."""
         crds.install_all(self)
 
     def install_crds(self, files: Sequence[Path]) -> list[str]:

@@ -1,4 +1,4 @@
-"""CustomResourceDefinitions: KubeRay's (from its build) and the repo's crds/."""
+"""CustomResourceDefinitions: KubeRay's and Kueue's (from their builds) and the repo's crds/."""
 
 from __future__ import annotations
 
@@ -32,14 +32,20 @@ def kuberay_crd_files(binaries: Binaries) -> list[Path]:
     return sorted(binaries.kuberay_crds.glob("*.yaml"))
 
 
+def kueue_crd_files(binaries: Binaries) -> list[Path]:
+    # As kustomize's bases, without its conversion-webhook patches: nothing here reads the
+    # older v1beta1, and a conversion webhook URL would tie the cached seed to one Kueue port.
+    return sorted(binaries.kueue_crds.glob("*.yaml"))
+
+
 def install_all(cp: ControlPlane) -> None:
-    """KubeRay's CRDs (must apply) and the repo's crds/ (each file on its own).
+    """KubeRay's and Kueue's CRDs (must apply) and the repo's crds/ (each file on its own).
 
     A repo CRD the API server refuses does not stop the control plane: the refusal is
     kept in crd_errors (and logged) so only the tests that need that CRD fail, with the
     API server's message.
     """
-    cp.crd_names += install(cp, cp.kuberay_crd_files())
+    cp.crd_names += install(cp, [*cp.kuberay_crd_files(), *cp.kueue_crd_files()])
     for f in cp.repo_crd_files():
         try:
             cp.crd_names += install(cp, [f])

@@ -1,5 +1,5 @@
-"""etcd seeds: creating the big KubeRay CRDs costs the API server 10-30 s of CPU on every
-start (each new CRD rebuilds the OpenAPI of all of them). Instead, a short-lived etcd +
+"""etcd seeds: creating the big KubeRay and Kueue CRDs costs the API server 10-30 s of CPU on
+every start (each new CRD rebuilds the OpenAPI of all of them). Instead, a short-lived etcd +
 kube-apiserver installs them once per set of CRD files, and later control planes start etcd
 from a copy of that data dir. Cluster-specific state is not in the seed: it holds no
 ServiceAccounts, tokens or nodes (no controller-manager ran), and the new API server rewrites
@@ -29,7 +29,7 @@ SEEDS_KEPT = 4
 def seed_key(cp: ControlPlane) -> str:
     h = hashlib.sha256(f"seed-{SEED_FORMAT}".encode())
     h.update(json.dumps(cp.versions, sort_keys=True).encode())
-    for f in [*cp.kuberay_crd_files(), *cp.repo_crd_files()]:
+    for f in [*cp.kuberay_crd_files(), *cp.kueue_crd_files(), *cp.repo_crd_files()]:
         h.update(f"{f.name}\0".encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -48,7 +48,7 @@ def etcd_seed(cp: ControlPlane) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=seeds))
     seeder = type(cp)(
         tmp / "run", controller_manager=False, scheduler=False, kwok=False, kuberay=False,
-        crds=True, build=False, seed=False, crd_paths=cp.extra_crd_paths,
+        kueue=False, crds=True, build=False, seed=False, crd_paths=cp.extra_crd_paths,
         die_with_parent=cp.die_with_parent, log=cp.log, binaries=cp.binaries)
     try:
         seeder.start()
