@@ -12,8 +12,11 @@ demo: setup  ## train the tiny GRPO example on CPU: build a tiny model offline, 
 	rm -rf /tmp/rlhf/tiny-grpo-cpu runs/tiny-grpo-cpu  # checkpoint.path and outputs: a rerun would resume from the end
 	$(VENV)/bin/rlhf run manifests/examples/tiny-grpo-cpu-job.yaml
 
-test: setup  ## run the whole suite (builds the local control plane on first use)
-	$(PY) -m pytest
+CACHE := $(or $(RLHF_CACHE),$(HOME)/.cache/rlhf-operator)
+test:  ## run the whole suite; the local control plane builds in the background while Python installs
+	@mkdir -p $(CACHE) && echo "control plane build (if needed) in the background: $(CACHE)/build.log" >&2
+	@e2e/build/build.sh all > $(CACHE)/build.log 2>&1 & \
+	  bash requirements/install.sh >&2 && $(PY) -m pytest; status=$$?; wait; exit $$status
 
 crd: setup  ## regenerate crds/ from the API models
 	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml
