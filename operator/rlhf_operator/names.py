@@ -19,6 +19,7 @@ HASH_LENGTH = 8
 
 MANAGED_BY = "rlhf-operator"
 JOB_LABEL = "rlhf.dev/job"
+JOB_ANNOTATION = "rlhf.dev/job-name"  # on pod templates: the full name (the label may be shortened)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
 
@@ -58,6 +59,11 @@ def trainer(job_name: str) -> str:
 def label_value(job_name: str) -> str:
     """The job's name as a label value (at most 63 characters, alphanumeric at both ends)."""
     return _fit(job_name, LABEL_VALUE_MAX)
+
+
+def pod_metadata(job_name: str, role: str) -> dict[str, dict[str, str]]:
+    """Metadata of a Ray pod template: the job's labels, the pod's role, and the job's full name."""
+    return {"labels": {**labels(job_name), "rlhf.dev/role": role}, "annotations": {JOB_ANNOTATION: job_name}}
 
 
 def labels(job_name: str) -> dict[str, str]:

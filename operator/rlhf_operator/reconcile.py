@@ -268,7 +268,8 @@ def deadline_passed(namespace: str, name: str, uid: str) -> None:
 def on_stuck_pod(pod: Any) -> None:
     """A pod of one of our Ray clusters cannot start: mirror now, with its reason, if the job waits on it."""
     meta = pod["metadata"]
-    body = kube.client().get(api.KIND, meta["namespace"], meta["labels"][names.JOB_LABEL])
+    job_name = (meta.get("annotations") or {}).get(names.JOB_ANNOTATION) or meta["labels"][names.JOB_LABEL]
+    body = kube.client().get(api.KIND, meta["namespace"], job_name)
     if body is None or body["metadata"].get("deletionTimestamp") or status.finished(body.get("status")):
         return
     ray_job = kube.client().get("RayJob", meta["namespace"], names.ray_job(body["metadata"]["name"]))

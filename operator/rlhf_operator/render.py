@@ -229,7 +229,7 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         # The head runs the trainer driver only; GPUs belong to the workers.
         "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
-            "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "head"}},
+            "metadata": names.pod_metadata(job.metadata["name"], "head"),
             "spec": _ray_pod_spec(job, container, volumes),
         },
     }
@@ -247,7 +247,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
         "securityContext": {"allowPrivilegeEscalation": False},
     }
     return {
-        "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "submitter"}},
+        "metadata": names.pod_metadata(job.metadata["name"], "submitter"),
         "spec": _pod_spec(job, [container], restartPolicy="Never", **_scheduling(resources)),
     }
 
@@ -302,7 +302,7 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         "maxReplicas": nodes,
         "rayStartParams": {},
         "template": {
-            "metadata": {"labels": {**names.labels(job.metadata["name"]), "rlhf.dev/role": "worker"}},
+            "metadata": names.pod_metadata(job.metadata["name"], "worker"),
             "spec": _ray_pod_spec(job, container, volumes, gpu_workers=gpus),
         },
     }

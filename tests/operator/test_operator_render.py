@@ -276,6 +276,10 @@ def test_long_job_names_give_valid_ray_job_names():
     ray_job = render.ray_job(as_job(doc))
     assert len(ray_job["metadata"]["name"]) <= names.RAY_JOB_NAME_MAX
     assert len(ray_job["metadata"]["labels"][names.JOB_LABEL]) <= names.LABEL_VALUE_MAX
+    # A pod's label may be shortened; its annotation names the job in full (reconcile.on_stuck_pod).
+    head, worker = head_and_worker(ray_job)
+    for template in (head["template"], worker["template"], ray_job["spec"]["submitterPodTemplate"]):
+        assert template["metadata"]["annotations"][names.JOB_ANNOTATION] == doc["metadata"]["name"]
 
 
 def test_the_submitter_runs_the_trainer_image_with_the_pull_secrets():
