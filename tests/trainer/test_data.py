@@ -87,6 +87,37 @@ def test_unsupported_file_type_and_bad_json_are_explained(tokenizer, tmp_path):
         load(tokenizer, prompts_spec("prompts.json"), tmp_path)
 
 
+def write_multi_config_dataset(folder: Path) -> None:
+    """A dataset laid out as openai/gsm8k is on the hub: two configurations declared in its README's
+    YAML header, each with its own data files."""
+    folder.mkdir()
+    for config, records in (("main", RECORDS[:12]), ("socratic", RECORDS[12:])):
+        (folder / config).mkdir()
+        pq.write_table(pa.Table.from_pylist(records), folder / config / "train-00000-of-00001.parquet")
+    (folder / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {config}\n  data_files:\n  - split: train\n    path: {config}/train-*\n"
+        for config in ("main", "socratic")) + "---\n")
+
+
+def test_a_configuration_of_a_multi_config_dataset_is_read_as_the_gsm8k_example_names_it(tokenizer, tmp_path,
+                                                                                          monkeypatch):
+    """The GSM8K example could not load its dataset: openai/gsm8k needs a configuration name."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    write_multi_config_dataset(tmp_path / "gsm8k")
+    spec = DatasetSpec.model_validate({"sources": [{"path": "gsm8k", "config": "main", "split": "train"}],
+                                       "inputKey": "question", "labelKey": "answer"})
+    assert [item.label for item in load(tokenizer, spec, tmp_path)] == [r["answer"] for r in RECORDS[:12]]
+    socratic = spec.model_copy(update={"sources": [spec.sources[0].model_copy(update={"config": "socratic"})]})
+    assert [item.label for item in load(tokenizer, socratic, tmp_path)] == [r["answer"] for r in RECORDS[12:]]
+
+
+def test_config_and_revision_are_refused_for_local_files(tokenizer, tmp_path):
+    write_jsonl(tmp_path / "prompts.jsonl", RECORDS)
+    spec = DatasetSpec.model_validate({"sources": [{"path": "prompts.jsonl", "config": "main"}], "inputKey": "question"})
+    with pytest.raises(ValueError, match="a local file or a saved dataset has neither: remove them"):
+        load(tokenizer, spec, tmp_path)
+
+
 # ----------------------------------------------------------------------------------- rendering
 
 

@@ -62,6 +62,10 @@ def read_records(source: DatasetSource, base_dir: Path) -> list[Record]:
     """All records of one source, in stored order."""
     location = resolve(source.path, base_dir)
     path = Path(location)
+    saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()  # datasets.save_to_disk
+    if (path.is_file() or saved) and (source.config or source.revision):
+        raise ValueError(f"{source.path}: config and revision select a Hugging Face dataset's subset and version; "
+                         "a local file or a saved dataset has neither: remove them")
     if path.is_file():
         if path.suffix not in FILE_READERS:
             raise ValueError(f"{path}: unsupported file type; use one of {', '.join(FILE_READERS)} or a datasets directory")
@@ -69,14 +73,14 @@ def read_records(source: DatasetSource, base_dir: Path) -> list[Record]:
 
     import datasets
 
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # datasets.save_to_disk
+    if saved:
         loaded = datasets.load_from_disk(location)
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
                 raise ValueError(f"{path} has no split {source.split!r}; it has {', '.join(loaded)}")
             loaded = loaded[source.split]
         return loaded.to_list()
-    return datasets.load_dataset(location, split=source.split).to_list()
+    return datasets.load_dataset(location, source.config, split=source.split, revision=source.revision).to_list()
 
 
 def mix(sources: list[list[Record]], probabilities: list[float], seed: int) -> list[Record]:

@@ -18,6 +18,10 @@ class DatasetSource(APIModel):
     """Hugging Face dataset id, or a path to a .jsonl/.json/.parquet file or a directory saved by datasets."""
     split: str = Field("train", max_length=64)
     """Split to read (Hugging Face datasets)."""
+    config: str | None = Field(None, max_length=128)
+    """Configuration (subset) of a Hugging Face dataset, e.g. main for openai/gsm8k; the name datasets.load_dataset takes."""
+    revision: str | None = Field(None, max_length=128)
+    """Hub revision (branch, tag or commit) of a Hugging Face dataset: pin it for a reproducible run."""
     probability: float = Field(1.0, gt=0, le=1)
     """Sampling probability in the mixture (normalised over sources)."""
 
