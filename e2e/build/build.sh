@@ -100,7 +100,9 @@ build_kube() {
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler)
-  "$tmp/kube-apiserver" --version | grep -q "Kubernetes $v" ||
+  # Not `| grep -q`: it closes the pipe at the first match and, under pipefail, the SIGPIPE of a
+  # binary still writing fails the build now and then.
+  [[ $("$tmp/kube-apiserver" --version) == *"Kubernetes $v"* ]] ||
     { log "kube-apiserver reports $("$tmp/kube-apiserver" --version), want $v"; exit 1; }
   finish kube "$tmp" "$dir" "$key" "$start"
 }
@@ -116,7 +118,7 @@ build_etcd() {
   local tmp=$BIN/.tmp-etcd-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp"
   (cd "$HERE/etcd" && $NICE "$GO" build -mod=readonly -trimpath \
       -ldflags "$ld" -o "$tmp/etcd" .)
-  "$tmp/etcd" --version | grep -q "etcd Version: ${v#v}" ||
+  [[ $("$tmp/etcd" --version) == *"etcd Version: ${v#v}"* ]] ||
     { log "etcd reports $("$tmp/etcd" --version), want $v"; exit 1; }
   finish etcd "$tmp" "$dir" "$key" "$start"
 }
