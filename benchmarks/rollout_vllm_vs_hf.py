@@ -104,14 +104,16 @@ def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int) 
     for n in new_tokens:
         result["configs"][n] = _timed(call, n, warmup, calls)
 
-    # The engine side of the per-step CPU weight sync: the actor's full state dict, reloaded in place.
+    # The engine side of a weight sync: vLLM's reload_weights over every parameter (what the sync's
+    # receive loop feeds as the broadcast delivers them; the broadcast itself is not timed here).
     from transformers import AutoModelForCausalLM
 
     weights = {name: p.detach().clone() for name, p in AutoModelForCausalLM.from_pretrained(model_path).named_parameters()}
     reloads = []
     for _ in range(warmup + calls):
         started = time.perf_counter()
-        engine.load_weights(weights)
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+        engine.llm.reset_prefix_cache()
         reloads.append(time.perf_counter() - started)
     result["load_weights_seconds_median"] = statistics.median(reloads[warmup:])
     return result

@@ -92,6 +92,22 @@ def test_defaults_are_applied():
     assert job.spec.rollout.samples_per_prompt == 1 and job.spec.resources.shm_size == "16Gi"
 
 
+@pytest.mark.parametrize("algorithm,given,resolved", [
+    ("grpo", None, "token-mean"),
+    ("dr-grpo", None, "seq-mean-token-sum-norm"),
+    ("dr-grpo", "token-mean", "token-mean"),
+])
+def test_loss_aggregation_defaults_to_the_algorithm_s(algorithm, given, resolved):
+    """Unset, training.lossAggregation is the catalogue's default of the algorithm (Dr. GRPO's own for dr-grpo)."""
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    manifest["spec"]["algorithm"] = algorithm
+    if given:
+        manifest["spec"]["training"]["lossAggregation"] = given
+    job = validate(manifest)
+    assert job.spec.training.loss_aggregation == resolved
+    assert "lossAggregation" not in openapi()["properties"]["spec"]["properties"]["training"]["default"]
+
+
 def test_there_are_many_distinct_invalid_specs():
     assert len(INVALID) >= 15
     assert len({expectation(p, "expect") for p in INVALID}) == len(INVALID)

@@ -2,8 +2,9 @@
 
 Everything else is derived from it: the API's `spec.algorithm` enum and the CRD's CEL rules
 (which dataset an algorithm reads, who needs a reward or several samples per prompt), the
-trainer's model groups, which training loop runs it, and which advantage estimator or offline
-objective it uses (keys of the trainer's registries; a test checks that every key is registered).
+trainer's model groups, which training loop runs it, which advantage estimator or offline
+objective it uses, and the loss aggregation it defaults to (keys of the trainer's registries; a
+test checks that every key is registered).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class AlgorithmInfo:
     advantage: str | None = None  # online: rlhf_trainer.algorithms.ADVANTAGE_ESTIMATORS key
     objective: str | None = None  # offline: rlhf_trainer.offline.OBJECTIVES key
     group_samples: bool = False  # compares the samples of one prompt: needs rollout.samplesPerPrompt > 1
+    # training.lossAggregation when unset: an rlhf_trainer.losses.LOSS_AGGREGATIONS key
+    loss_aggregation: str = "token-mean"
 
     @property
     def online(self) -> bool:
@@ -37,7 +40,7 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("grpo", "Shao et al. 2024, arXiv:2402.03300", "prompts", ("actor",),
                   advantage="group-norm", group_samples=True),
     AlgorithmInfo("dr-grpo", "Liu et al. 2025, arXiv:2503.20783", "prompts", ("actor",),
-                  advantage="dr-grpo", group_samples=True),
+                  advantage="dr-grpo", group_samples=True, loss_aggregation="seq-mean-token-sum-norm"),
     AlgorithmInfo("reinforce++", "Hu 2025, arXiv:2501.03262", "prompts", ("actor",), advantage="reinforce++"),
     AlgorithmInfo("reinforce++-baseline", "Hu 2025, arXiv:2501.03262", "prompts", ("actor",),
                   advantage="reinforce++-baseline", group_samples=True),

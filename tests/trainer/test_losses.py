@@ -302,7 +302,8 @@ def test_pairwise_reward_loss_matches_reference(b, with_margin):
 # trainer object without its __init__ (conftest's trl_trainer), stubbing only the forward pass,
 # and compare loss, gradients and metrics:
 #   TRL loss_type -> our aggregation: grpo -> seq-mean-token-mean, bnpo -> token-mean,
-#   dr_grpo -> seq-mean-token-sum-norm with normalizer = max_completion_length,
+#   dr_grpo -> seq-mean-token-sum-norm with normalizer = max_completion_length (dr-grpo's default;
+#   test_edges.py runs its policy step, the normalizer from rollout.maxNewTokens, against TRL),
 #   dapo -> token-mean (its normalizer is the batch's token count on one process).
 # TRL has no dual clip and no value loss (no PPO trainer in 1.16): those have the loop references only.
 # ---------------------------------------------------------------------------------------------

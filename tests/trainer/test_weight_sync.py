@@ -1,4 +1,6 @@
-"""After a weight sync, vLLM's greedy output equals Hugging Face's greedy output of the updated actor."""
+"""After a weight sync (a ZeRO-3 actor on two gloo ranks gathers, its rank 0 broadcasts over a gloo
+group of its own to two vLLM engines), every engine's greedy output equals Hugging Face's greedy
+output of the updated actor, also for prompts whose KV the engines had cached before the update."""
 
 from __future__ import annotations
 
@@ -11,11 +13,15 @@ from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.weight_sync import sync_weights
+from rlhf_trainer.workers.weight_sync import setup_broadcast_group, sync_weights
 
 pytestmark = pytest.mark.timeout(600)
 
-PROMPTS = ["Ada: Repeat the letter c.", "Bo: Say f.", "Cy: Type a many times."]
+# Asked before and after the update: vLLM's prefix cache keeps the KV of each prompt's whole blocks
+# (the last prompt, 208 tokens, spans several), and an engine that kept its cache would serve them
+# after the update (without reset_prefix_cache this test fails).
+PROMPTS = ["Ada: Repeat the letter c.", "Bo: Say f.", "Cy: Type a many times.",
+           "Di: " + "Spell b, then d, then e. " * 12]
 GREEDY = {"n": 1, "temperature": 0.0, "max_tokens": 12}
 
 
@@ -48,44 +54,52 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
                                          tokenize=True, return_dict=True)["input_ids"]
 
 
-def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS]
-
-    placement = Placement(use_gpu=False, bundles=3, ranks={"actor": [0, 1], "rollout": [2]})
-    group = create_placement_group(placement)
-    actor = ModelGroup("actor", group, placement)
-    training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
-                            train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
-    model = ModelSpec(path=str(tiny_model), dtype="float32")
-    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training, optimizer_steps=2)))
-    [engine] = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
-                                      max_model_len=256, seed=0)
-    before, _ = _vllm_greedy(engine, prompt_ids)
-    assert before == _hf_greedy(tiny_model, prompt_ids)
-
-    # One large update with negative advantages on the tokens the greedy decode chose, so that the
-    # greedy output changes.
-    rows = [ids + out for ids, out in zip(prompt_ids, before)]
+def _update(actor: ModelGroup, tokenizer, prompt_ids: list[list[int]], outputs: list[list[int]]) -> None:
+    """One large update with negative advantages on the tokens the greedy decode chose, so that the
+    greedy output changes."""
+    rows = [ids + out for ids, out in zip(prompt_ids, outputs)]
     width = max(map(len, rows))
     sequences = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
     attention_mask = (torch.arange(width) >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
     actions = GREEDY["max_tokens"]
     experience = Experience(
-        sequences=sequences[[0, 1, 2, 0]], attention_mask=attention_mask[[0, 1, 2, 0]],
-        action_mask=torch.ones(4, actions, dtype=torch.bool),
-        action_log_probs=actor.forward(sequences, attention_mask, actions)[[0, 1, 2, 0]],
-        advantages=-torch.ones(4, actions),
+        sequences=sequences, attention_mask=attention_mask,
+        action_mask=torch.ones(len(rows), actions, dtype=torch.bool),
+        action_log_probs=actor.forward(sequences, attention_mask, actions),
+        advantages=-torch.ones(len(rows), actions),
     )
     ray.get(actor.train(experience, train_batch_size=4, micro_batch_size=2, epochs=1,
                         generator=torch.Generator().manual_seed(0)))
 
-    sync_weights(actor, [engine], dtype="float32", use_gpu=False)
+
+def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS]
+
+    placement = Placement(use_gpu=False, bundles=4, ranks={"actor": [0, 1], "rollout": [2, 3]})
+    group = create_placement_group(placement)
+    actor = ModelGroup("actor", group, placement)
+    training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
+                            train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
+    model = ModelSpec(path=str(tiny_model), dtype="float32")
+    engines = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
+                                     max_model_len=256, seed=0)
+    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training,
+                                    optimizer_steps=2)))
+    setup_broadcast_group(actor, engines, tensor_parallel_size=1)
+    before = [_vllm_greedy(engine, prompt_ids)[0] for engine in engines]
+    assert before == [_hf_greedy(tiny_model, prompt_ids)] * len(engines)
+
+    _update(actor, tokenizer, prompt_ids, before[0])
+    sync_weights(actor, engines, dtype="float32")
     ray.get(actor.call("save_pretrained", str(tmp_path / "updated")))
-    after, log_probs = _vllm_greedy(engine, prompt_ids)
-    assert after != before, "the update should change the greedy output (else this test proves nothing)"
-    assert after == _hf_greedy(tmp_path / "updated", prompt_ids)
-    # Equal greedy tokens can hide a partly stale model (e.g. old output embeddings): the
-    # log-probs must agree too.
-    for engine_log_probs, hf_log_probs in zip(log_probs, _hf_log_probs(tmp_path / "updated", prompt_ids, after)):
-        torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)
+    expected = _hf_greedy(tmp_path / "updated", prompt_ids)
+    assert expected != before[0], "the update should change the greedy output (else this test proves nothing)"
+    expected_log_probs = _hf_log_probs(tmp_path / "updated", prompt_ids, expected)
+    for engine in engines:
+        after, log_probs = _vllm_greedy(engine, prompt_ids)
+        assert after == expected
+        # Equal greedy tokens can hide a partly stale model (e.g. old output embeddings, or a
+        # prompt's cached KV): the log-probs must agree too.
+        for engine_log_probs, hf_log_probs in zip(log_probs, expected_log_probs):
+            torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)

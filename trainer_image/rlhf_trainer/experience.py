@@ -63,6 +63,9 @@ class Experience:
     response_length: Tensor | None = _sample()
     # [B] long: index of the prompt each sample answers (grouped estimators)
     group_ids: Tensor | None = _sample()
+    # [B] long: valid response tokens of the optimizer step that trains the sample, over all its
+    # micro-batches and ranks (workers.group sets it; token-mean divides by it)
+    step_tokens: Tensor | None = _sample()
     # metric name -> [B] per-sample value (reward parts, truncation flags, ...)
     info: dict[str, Tensor] = field(default_factory=dict)
 

@@ -13,7 +13,8 @@ Each step, as in OpenRLHF's PPO trainer:
 5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
    (`_advantages`); steps 2-5 make up `_make_experience`;
 6. training.epochs shuffled passes of PPO-clip updates over micro-batches, for the actor and (ppo)
-   the critic, at the same time (`_train`; the steps are workers/objectives.py's);
+   the critic, at the same time (`_train`; the steps are workers/objectives.py's; each micro-batch
+   carries its optimizer step's token count, which token-mean divides by);
 7. the actor's new weights to every vLLM engine (`_sync_weights`);
 8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps (loop.RunLoop, the
    loop this trainer shares with the offline one).
@@ -73,7 +74,8 @@ class Trainer(RunLoop):
         self._start()
 
     def _start_workers(self) -> None:
-        setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1))
+        setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
+                                    max_new_tokens=self.rollout.max_new_tokens)
         placement = self.placement
         self.engines = create_rollout_engines(  # they start while the model groups load
             self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
@@ -85,8 +87,7 @@ class Trainer(RunLoop):
         self.reward = build_reward(self.spec.reward, base_dir=self.base_dir,
                                    model_scorer=reward_model.score if reward_model else None)
         ray.get(setups)
-        if placement.use_gpu:
-            setup_broadcast_group(self.actor, self.engines, self.rollout.tensor_parallel_size)
+        setup_broadcast_group(self.actor, self.engines, self.rollout.tensor_parallel_size)
 
     def _actors(self) -> list:
         return super()._actors() + self.engines
@@ -250,7 +251,7 @@ class Trainer(RunLoop):
     # -- 7. weight sync ---------------------------------------------------------------------------
 
     def _sync_weights(self) -> None:
-        sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype, use_gpu=self.placement.use_gpu)
+        sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype)
 
     def _resume(self) -> bool:
         """RunLoop's resume, then the checkpoint's actor weights to the engines (they load the initial ones)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .. import algorithms
 from ..algorithms import cel_list, prose
@@ -92,6 +92,14 @@ class RLHFJobSpec(APIModel):
     queue_name: str | None = Field(None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", json_schema_extra={"x-kubernetes-validations": [
         {"rule": "self == oldSelf", "message": QUEUE_IMMUTABLE}]})
     """Kueue LocalQueue in the job's namespace (a name of at most 63 characters); the job is created suspended and Kueue admits it when the queue has quota."""
+
+    @model_validator(mode="after")
+    def _algorithm_defaults(self) -> RLHFJobSpec:
+        """An unset training.lossAggregation becomes the algorithm's (the catalogue's), so that the
+        trainers, their workers and the trainer's config (`rlhf validate`'s defaults) read one value."""
+        if self.training.loss_aggregation is None:
+            self.training.loss_aggregation = algorithms.ALGORITHMS[self.algorithm].loss_aggregation
+        return self
 
 
 # ----------------------------------------------------------------------------------------- status

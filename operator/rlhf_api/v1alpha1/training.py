@@ -6,8 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..algorithms import CATALOGUE, AlgorithmInfo
 from .base import APIModel, cel, section
 
+# Names shared with the trainer's registry (rlhf_trainer.losses.LOSS_AGGREGATIONS; a test checks them).
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 class RolloutSpec(APIModel):
@@ -41,12 +44,19 @@ class RolloutSpec(APIModel):
 class KLSpec(APIModel):
     """KL regularisation against the reference model (Schulman 2020, "Approximating KL Divergence")."""
 
+    # k1's expected gradient is zero: in the loss it regularises nothing (OpenRLHF warns the same).
+    model_config = cel(
+        ("!(self.placement == 'loss' && self.estimator == 'k1')",
+         "k1 in the loss regularises nothing (its expected gradient is zero): use estimator k2 (its gradient is the "
+         "exact KL's) or k3, or placement reward", ".estimator"),
+    )
+
     coef: float = Field(0.001, ge=0)
     """KL coefficient; 0 disables the penalty and the reference model."""
     estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token estimator: k1 = log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r."""
     placement: Literal["reward", "loss"] = "reward"
-    """reward: subtract coef*KL from each token's reward (InstructGPT); loss: add coef*KL to the policy loss (GRPO)."""
+    """reward: subtract coef*KL from each token's reward (InstructGPT); loss: add coef*KL to the policy loss (GRPO; with k2 or k3)."""
 
 
 class PreferenceSpec(APIModel):
@@ -120,8 +130,15 @@ class TrainingSpec(APIModel):
     """GAE lambda (ppo)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus coefficient."""
-    loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    """How token losses become the batch loss: token-mean (DAPO), seq-mean-token-mean (GRPO paper), seq-mean-token-sum (Dr. GRPO)."""
+    loss_aggregation: LossAggregation | None = Field(
+        None, description=(
+            "How token losses become the loss of an optimizer step: token-mean (every valid token of the step weighs "
+            "the same, DAPO), seq-mean-token-mean (mean per sequence, then over sequences: GRPO as published), "
+            "seq-mean-token-sum (sum per sequence, no length normalisation), seq-mean-token-sum-norm (sum per "
+            "sequence over the constant rollout.maxNewTokens: Dr. GRPO). Unset: the algorithm's default ("
+            + "".join(f"{a.loss_aggregation} for {a.name}, " for a in CATALOGUE
+                      if a.loss_aggregation != AlgorithmInfo.loss_aggregation)
+            + f"{AlgorithmInfo.loss_aggregation} otherwise)."))
     preference: PreferenceSpec = section(PreferenceSpec)
     """dpo, ipo, cdpo and kto hyperparameters."""
     colocation: Literal["none", "actor-reference", "all"] = "none"

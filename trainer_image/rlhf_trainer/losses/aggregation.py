@@ -2,7 +2,10 @@
 
 Loss aggregation modes (names shared with the API's ``lossAggregation`` enum):
 
-- ``token-mean``: every valid token in the batch weighs the same (DAPO, Yu et al. 2025, arXiv 2503.14476).
+- ``token-mean``: every valid token weighs the same (DAPO, Yu et al. 2025, arXiv 2503.14476): the
+  token sum over the batch's valid tokens, or over ``normalizer`` (the trainer passes the count of the
+  whole optimizer step, across micro-batches and ranks, so that a token of a short response weighs
+  no more than one of a long response in another micro-batch).
 - ``seq-mean-token-mean``: mean over tokens per sequence, then over sequences (GRPO as published,
   Shao et al. 2024, arXiv 2402.03300).
 - ``seq-mean-token-sum``: sum over tokens per sequence, then mean over sequences (no length
@@ -91,8 +94,8 @@ LOSS_AGGREGATIONS: Registry[Aggregator] = Registry("loss aggregation")
 
 @LOSS_AGGREGATIONS.register("token-mean")
 def token_mean(loss: Tensor, mask: Tensor, normalizer: float | None = None) -> Tensor:
-    """Mean over all valid tokens of the batch (DAPO, Yu et al. 2025, arXiv 2503.14476)."""
-    return masked_mean(loss, mask)
+    """Token sum over ``normalizer`` tokens, by default the batch's valid ones (DAPO, Yu et al. 2025, arXiv 2503.14476)."""
+    return masked_mean(loss, mask) if normalizer is None else masked_sum(loss, mask) / normalizer
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-mean")

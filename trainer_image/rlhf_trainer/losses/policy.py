@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..algorithms.kl import kl_k3
+from ..algorithms.kl import LOG_RATIO_BOUND, kl_k3
 from .aggregation import aggregate_loss, masked_mean
 
 
@@ -34,12 +34,14 @@ def ppo_clip_per_token(
 
     ``clip_eps_high`` (default ``clip_eps_low``) is DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476).
     ``dual_clip = c > 1`` also bounds the loss of negative-advantage tokens by ``-c A`` (Ye et al. 2020,
-    arXiv 1912.09729). Returns ``(loss, clipped, dual_clipped)``, the last two boolean.
+    arXiv 1912.09729). The log-ratio is clamped to ``+-LOG_RATIO_BOUND`` before exp, as verl does: an
+    outlier token (a log-prob the rollout engine and the trainer disagree on) keeps a finite loss and
+    gradient. Returns ``(loss, clipped, dual_clipped)``, the last two boolean.
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     high = clip_eps_low if clip_eps_high is None else clip_eps_high
-    ratio = (log_probs - old_log_probs).exp()
+    ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + high)
     loss = torch.maximum(unclipped, clipped)

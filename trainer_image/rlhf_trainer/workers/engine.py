@@ -13,13 +13,15 @@ Roles:
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from rlhf_api.algorithms import AlgorithmInfo
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..losses import token_log_probs
@@ -41,6 +43,13 @@ class ModelConfig:
     temperature: float = 1.0  # log-probs are those of the sampling distribution softmax(logits / T)
     optimizer_steps: int = 1  # length of the learning-rate schedule
     use_gpu: bool = False
+    max_new_tokens: int | None = None  # online: rollout.maxNewTokens, seq-mean-token-sum-norm's constant
+
+    @property
+    def loss_aggregation(self) -> str:
+        """training.lossAggregation: a job's is set (RLHFJobSpec fills in the algorithm's); a bare
+        TrainingSpec's unset one is the catalogue's default."""
+        return self.training.loss_aggregation or AlgorithmInfo.loss_aggregation
 
 
 def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
@@ -145,10 +154,28 @@ class Model:
         last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).argmax(-1)
         return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """The module in eval mode (dropout off) while it scores rollouts: the old and reference
+        log-probs and the values are those of the deterministic model; then back in its mode."""
+        mode = self.engine.module.training  # the engine's own flag does not follow its module's
+        self.engine.eval()
+        try:
+            yield
+        finally:
+            self.engine.train(mode)
+
     def backward_step(self, loss: Tensor) -> None:
         """Accumulate the loss's gradients; DeepSpeed steps the optimizer at the accumulation boundary."""
         self.engine.backward(loss)
         self.engine.step()
+
+    def micro_batch_divisor(self, step_total: float) -> float:
+        """What a micro-batch divides its loss sum by for the optimizer step's gradient to be that of
+        the whole step's sum over `step_total`: backward_step's engine.backward divides every loss by
+        the gradient accumulation steps (scale_wrt_gas) and the data-parallel ranks average their
+        gradients, so the divisor is step_total / (accumulation steps * ranks)."""
+        return step_total / (self.engine.gradient_accumulation_steps() * self.engine.dp_world_size)
 
     @property
     def learning_rate(self) -> float:

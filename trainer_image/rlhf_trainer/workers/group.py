@@ -14,7 +14,7 @@ and each role defaults to one.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 import torch
@@ -184,18 +184,28 @@ class ModelGroup:
         scores = ray.get([w.score.remote(prompts[s], completions[s]) for w, s in zip(self.workers, shards)])
         return torch.cat(scores)[: len(prompts) - pad]
 
-    def train(self, experience: Experience, *, train_batch_size: int, micro_batch_size: int, epochs: int,
-              generator: torch.Generator) -> list[ray.ObjectRef]:
-        """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly
-        over the ranks. Returns each rank's metrics (see mean_metrics), so groups can train at once."""
-        per_rank: list[list[Experience]] = [[] for _ in self.workers]
-        for _ in range(epochs):
-            order = torch.randperm(experience.batch_size, generator=generator)
-            for start in range(0, experience.batch_size, train_batch_size):
-                step_rows = order[start:start + train_batch_size]
-                for rank, rows in enumerate(step_rows.chunk(self.size)):
-                    per_rank[rank] += experience.select(rows).split(micro_batch_size)
+    def train(self, experience: Experience, **split) -> list[ray.ObjectRef]:
+        """Each rank trains its micro-batches (`micro_batches_per_rank(experience, self.size, **split)`).
+        Returns each rank's metrics (see mean_metrics), so groups can train at once."""
+        per_rank = micro_batches_per_rank(experience, self.size, **split)
         return [w.train.remote(batches) for w, batches in zip(self.workers, per_rank)]
+
+
+def micro_batches_per_rank(experience: Experience, ranks: int, *, train_batch_size: int, micro_batch_size: int,
+                           epochs: int, generator: torch.Generator) -> list[list[Experience]]:
+    """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly over
+    the ranks and then into micro-batches. Every sample carries the valid token count of its whole
+    step (step_tokens): the driver alone sees every rank's micro-batches."""
+    per_rank: list[list[Experience]] = [[] for _ in range(ranks)]
+    for _ in range(epochs):
+        order = torch.randperm(experience.batch_size, generator=generator)
+        for start in range(0, experience.batch_size, train_batch_size):
+            step_rows = order[start:start + train_batch_size]
+            tokens = experience.action_mask[step_rows].sum()
+            for rank, rows in enumerate(step_rows.chunk(ranks)):
+                rank_rows = replace(experience.select(rows), step_tokens=tokens.expand(len(rows)).clone())
+                per_rank[rank] += rank_rows.split(micro_batch_size)
+    return per_rank
 
 
 def mean_metrics(refs: list[ray.ObjectRef]) -> dict[str, float]:

@@ -4,7 +4,7 @@ The work lives in the modules it composes: engine.py loads the model into a Deep
 reads it, objectives.py trains it one micro-batch at a time, weights.py gathers its full weights
 and weight_sync.py sends them to vLLM. Its methods are the group's remote API, called by name
 (ModelGroup, checkpoint.py, weight_sync.py, the trainers): master_address, setup, forward, score,
-train, train_offline, state_dict, checksums, save_pretrained, broadcast_weights, init_weight_sync,
+train, train_offline, checksums, save_pretrained, broadcast_weights, init_weight_sync,
 save_checkpoint and load_checkpoint.
 
 Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
@@ -29,7 +29,7 @@ from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, val
 class ModelWorker:
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self.sync_group = None  # rank 0 on GPUs: the NCCL group to the vLLM workers (init_weight_sync)
+        self.sync_group = None  # rank 0: the weight-sync group with the vLLM workers (init_weight_sync)
 
     def master_address(self) -> tuple[str, int]:
         return node_address(), free_port()
@@ -45,15 +45,16 @@ class ModelWorker:
 
     @torch.no_grad()
     def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
-        """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T]."""
+        """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T], in eval mode."""
         model = self.model
         read = model.action_values if model.cfg.role == "critic" else model.action_log_probs
         micro = model.cfg.training.micro_rollout_batch_size
         outputs = []
-        for start in range(0, sequences.shape[0], micro):
-            rows = slice(start, start + micro)
-            outputs.append(read(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
-                                num_actions).cpu())
+        with model.scoring():
+            for start in range(0, sequences.shape[0], micro):
+                rows = slice(start, start + micro)
+                outputs.append(read(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
+                                    num_actions).cpu())
         return torch.cat(outputs)
 
     @torch.no_grad()
@@ -96,9 +97,6 @@ class ModelWorker:
 
     # -- weights out (collective: every rank is called) -------------------------------------------
 
-    def state_dict(self, dtype: str | None = None) -> dict[str, Tensor] | None:
-        return weights.state_dict(self.model, getattr(torch, dtype) if dtype else None)
-
     def checksums(self) -> dict[str, float]:
         return weights.checksums(self.model)
 
@@ -106,15 +104,15 @@ class ModelWorker:
         weights.save_pretrained(self.model, directory)
 
     def broadcast_weights(self, engines: list, dtype: str) -> None:
-        """GPU weight sync, sender side (see weight_sync.py)."""
+        """Weight sync, sending side (see weight_sync.py)."""
         from .weight_sync import broadcast_parameters
 
         broadcast_parameters(self.model, self.sync_group, engines, getattr(torch, dtype))
 
     def init_weight_sync(self, master_addr: str, master_port: int, world_size: int) -> None:
-        from .weight_sync import init_sender
+        from .weight_sync import SyncGroup
 
-        self.sync_group = init_sender(master_addr, master_port, world_size)
+        self.sync_group = SyncGroup(master_addr, master_port, 0, world_size, self.model.device)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
   micro-batches: sft, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
 
 Each step calls Model.backward_step once: DeepSpeed steps the optimizer every trainBatchSize /
-(microTrainBatchSize * ranks) micro-batches (its gradient accumulation).
+(microTrainBatchSize * ranks) micro-batches (its gradient accumulation). The online losses are
+aggregated by training.lossAggregation with the normalizer NORMALIZERS gives it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .engine import Model
 
 Step = Callable[..., "dict[str, float]"]  # (model, micro-batch, **options) -> metrics
 OFFLINE_STEPS: Registry[Step] = Registry("offline training step")
+# The normalizer of each loss aggregation that takes one: (model, micro-batch) -> aggregate_loss's normalizer.
+NORMALIZERS: Registry[Callable[[Model, Experience], "float | None"]] = Registry("loss normalizer")
 
 
 def mean_over_micro_batches(model: Model, step: Step, micro_batches: Sequence, **options) -> dict[str, float]:
@@ -52,25 +55,46 @@ def mean_over_micro_batches(model: Model, step: Step, micro_batches: Sequence, *
 # -- online: the actor and the critic ------------------------------------------------------------
 
 
+@NORMALIZERS.register("token-mean")
+def step_token_count(model: Model, exp: Experience) -> float:
+    """The valid tokens of the whole optimizer step, across micro-batches and ranks, as this
+    micro-batch's divisor: every token of the step weighs the same (DAPO, Yu et al. 2025, arXiv 2503.14476)."""
+    return model.micro_batch_divisor(float(exp.step_tokens[0]))
+
+
+@NORMALIZERS.register("seq-mean-token-sum-norm")
+def generation_budget(model: Model, exp: Experience) -> float | None:
+    """The constant rollout.maxNewTokens (Dr. GRPO's generation budget, Liu et al. 2025, arXiv 2503.20783)."""
+    return model.cfg.max_new_tokens
+
+
+def aggregation(model: Model, exp: Experience) -> tuple[str, float | None]:
+    """training.lossAggregation and its normalizer for this micro-batch (None: the mode needs none)."""
+    mode = model.cfg.loss_aggregation
+    normalizer = NORMALIZERS.get(mode)
+    return mode, normalizer(model, exp) if normalizer else None
+
+
 def policy_step(model: Model, exp: Experience) -> dict[str, float]:
     """PPO-clip (with training.kl in the loss when placed there, and the entropy bonus)."""
     training = model.cfg.training
+    mode, normalizer = aggregation(model, exp)
     logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
     log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
     policy = ppo_policy_loss(
         log_probs, exp.action_log_probs, exp.advantages, exp.action_mask,
         clip_eps_low=training.clip_eps, clip_eps_high=training.clip_eps_high or None,
-        dual_clip=training.dual_clip, aggregation=training.loss_aggregation,
+        dual_clip=training.dual_clip, aggregation=mode, normalizer=normalizer,
     )
     loss = policy.loss
     metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
     metrics["policy_loss"] = metrics.pop("loss")
     if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
         kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
-        loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, training.loss_aggregation)
+        loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, mode, normalizer)
     entropy = entropy_from_logits(logits if training.entropy_coef else logits.detach())
     if training.entropy_coef:
-        loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, training.loss_aggregation)
+        loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, mode, normalizer)
     metrics["entropy"] = float(masked_mean(entropy.detach(), exp.action_mask))
     model.backward_step(loss)
     return metrics
@@ -78,10 +102,10 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
 
 def value_step(model: Model, exp: Experience) -> dict[str, float]:
     """The clipped value loss against the returns."""
-    training = model.cfg.training
+    mode, normalizer = aggregation(model, exp)
     values = model.action_values(exp.sequences, exp.attention_mask, exp.num_actions)
-    result = value_loss(values, exp.values, exp.returns, exp.action_mask,
-                        clip_eps=training.value_clip, aggregation=training.loss_aggregation)
+    result = value_loss(values, exp.values, exp.returns, exp.action_mask, clip_eps=model.cfg.training.value_clip,
+                        aggregation=mode, normalizer=normalizer)
     model.backward_step(result.loss)
     metrics = result.metrics()
     return {"value_loss": metrics["loss"], "value_clip_fraction": metrics["clip_fraction"]}
@@ -94,7 +118,7 @@ def value_step(model: Model, exp: Experience) -> dict[str, float]:
 def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
     """Token NLL of the responses only (the prompt is context, not a target)."""
     log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
-    loss = sft_loss(log_probs, batch.action_mask, model.cfg.training.loss_aggregation)
+    loss = sft_loss(log_probs, batch.action_mask, model.cfg.loss_aggregation)
     model.backward_step(loss)
     return {"loss": loss.item()}
 

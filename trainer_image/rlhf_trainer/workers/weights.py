@@ -24,6 +24,13 @@ def named_full_parameters(model: Model, dtype: torch.dtype | None = None) -> Ite
             yield name, param.data.to(dtype or param.dtype)
 
 
+def full_shapes(model: Model) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, full shape) per parameter, in named_full_parameters' order, without a gather: a
+    ZeRO-3 shard keeps its parameter's full shape as `ds_shape`."""
+    return [(name, tuple(getattr(param, "ds_shape", param.shape)))
+            for name, param in model.engine.module.named_parameters()]
+
+
 def state_dict(model: Model, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
     """The full weights on rank 0 (CPU tensors in Hugging Face names); None on the other ranks."""
     weights = {}

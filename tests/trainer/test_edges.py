@@ -1,0 +1,264 @@
+"""The learning signal at the edges: outlier tokens keep a finite loss and gradient, token-mean weighs
+every token of an optimizer step the same across micro-batches and ranks, Dr. GRPO's aggregation is
+dr-grpo's default and matches TRL's, and rollouts are scored with dropout off."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
+from rlhf_api.validation import validate
+from rlhf_trainer.algorithms import compute_kl, kl_in_loss
+from rlhf_trainer.algorithms.kl import KL_BOUND, LOG_RATIO_BOUND
+from rlhf_trainer.experience import Experience
+from rlhf_trainer.losses import aggregate_loss, ppo_policy_loss
+from rlhf_trainer.workers.engine import ModelConfig
+from rlhf_trainer.workers.group import micro_batches_per_rank
+from rlhf_trainer.workers.objectives import policy_step
+
+TOY_JOB = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
+
+# ---------------------------------------------------------------------------------------------
+# clamps: an outlier token (log-ratio 30, or 100: exp overflows float32)
+# ---------------------------------------------------------------------------------------------
+
+OUTLIERS = [30.0, -30.0, 100.0, -100.0]
+
+
+def _outlier_row(log_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 [1, 3] log-probs whose middle token is `log_ratio` away from the other side; a mask."""
+    other = torch.tensor([[-1.0, -2.0, -1.5]])
+    log_probs = (other + torch.tensor([[0.0, log_ratio, 0.0]])).requires_grad_(True)
+    return log_probs, other, torch.ones(1, 3, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("log_ratio", OUTLIERS)
+def test_kl_of_an_outlier_token_is_clamped_with_finite_gradients(estimator, log_ratio):
+    """OpenRLHF's compute_approx_kl clamps every estimate to +-10; verl clamps k3's log-ratio to +-20."""
+    log_probs, ref, mask = _outlier_row(log_ratio)
+    kl = compute_kl(log_probs, ref, mask, estimator)
+    assert torch.isfinite(kl).all() and kl.abs().max() <= KL_BOUND
+    kl_in_loss(kl, 0.1, mask).backward()
+    assert torch.isfinite(log_probs.grad).all()
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+@pytest.mark.parametrize("log_ratio", OUTLIERS)
+def test_ppo_ratio_of_an_outlier_token_is_clamped_with_finite_gradients(advantage, log_ratio):
+    """verl clamps the PPO log-ratio to +-20 before exp: the loss stays below |A| e^20."""
+    log_probs, old, mask = _outlier_row(log_ratio)
+    result = ppo_policy_loss(log_probs, old, torch.full((1, 3), advantage), mask, dual_clip=None)
+    assert torch.isfinite(result.loss) and result.loss.abs() <= abs(advantage) * torch.exp(torch.tensor(LOG_RATIO_BOUND))
+    assert torch.isfinite(result.approx_kl)
+    result.loss.backward()
+    assert torch.isfinite(log_probs.grad).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# token-mean over the optimizer step's token count
+# ---------------------------------------------------------------------------------------------
+
+
+def test_token_mean_with_the_step_count_weighs_every_token_of_the_step_the_same():
+    """Micro-batches of 2 and 8 valid tokens: each token weighs 1/10, not 1/2 and 1/8 (DAPO's token-mean)."""
+    short, long = torch.rand(1, 8, requires_grad=True), torch.rand(1, 8, requires_grad=True)
+    short_mask = torch.arange(8) < 2
+    long_mask = torch.ones(1, 8, dtype=torch.bool)
+    total = aggregate_loss(short, short_mask.expand(1, 8), "token-mean", 10) + aggregate_loss(long, long_mask, "token-mean", 10)
+    total.backward()
+    torch.testing.assert_close(short.grad, short_mask.float().expand(1, 8) / 10)
+    torch.testing.assert_close(long.grad, torch.full((1, 8), 0.1))
+    assert total.item() == pytest.approx((short[0, :2].sum() + long.sum()).item() / 10)
+
+
+def _experience(lengths: list[int], width: int = 8, prompt: int = 3, seed: int = 0) -> Experience:
+    """Rows of `prompt` + `width` token ids whose responses have `lengths` valid tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+    sequences = torch.randint(3, 300, (batch, prompt + width), generator=gen)
+    return Experience(
+        sequences=sequences, attention_mask=torch.ones_like(sequences),
+        action_mask=torch.arange(width) < torch.tensor(lengths)[:, None],
+        action_log_probs=-torch.rand(batch, width, generator=gen),
+        advantages=torch.randn(batch, width, generator=gen),
+    )
+
+
+def test_every_micro_batch_carries_its_step_s_token_count_over_all_ranks():
+    experience = _experience([1, 2, 3, 4, 5, 6, 7, 8])
+    per_rank = micro_batches_per_rank(experience, 2, train_batch_size=4, micro_batch_size=1, epochs=2,
+                                      generator=torch.Generator().manual_seed(0))
+    assert [len(batches) for batches in per_rank] == [8, 8]  # 2 epochs * 2 steps * 2 micro-batches per rank
+    for step in range(4):
+        micro_batches = [b for batches in per_rank for b in batches[2 * step:2 * step + 2]]
+        tokens = sum(int(b.action_mask.sum()) for b in micro_batches)
+        assert {int(t) for b in micro_batches for t in b.step_tokens} == {tokens}
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """This process as the only rank of a torch.distributed group (what a ModelWorker joins); the
+    environment it sets is restored after the module."""
+    from rlhf_trainer.workers.distributed import free_port, init_distributed
+
+    saved = dict(os.environ)
+    init_distributed(0, 1, "127.0.0.1", free_port(), use_gpu=False)
+    yield
+    torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _actor_config(path, **training) -> ModelConfig:
+    training = TrainingSpec(zero_stage=0, bf16=False, lr_warmup_ratio=0, lr_scheduler="constant", **training)
+    return ModelConfig(role="actor", path=str(path), model=ModelSpec(path=str(path), dtype="float32"), training=training)
+
+
+def _hand_log_probs(model, sequences: torch.Tensor, num_actions: int) -> torch.Tensor:
+    logits = model(input_ids=sequences).logits[:, -num_actions - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, sequences[:, -num_actions:, None])[..., 0]
+
+
+def test_policy_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):
+    """The real policy step on a tiny model in a DeepSpeed engine, 2 micro-batches of 2 and 8 valid
+    tokens accumulated into one optimizer step: its gradient is that of the sum of the 10 token losses
+    over 10 (DeepSpeed's division by the accumulation steps accounted for)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.workers.engine import load_model
+
+    hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    experience = _experience([2, 8])
+    experience.action_log_probs = _hand_log_probs(hand, experience.sequences, 8).detach()  # ratio 1: no clipping
+    # sum over the 10 tokens of -A * ratio, over 10
+    ratio = (_hand_log_probs(hand, experience.sequences, 8) - experience.action_log_probs).exp()
+    (-(experience.advantages * ratio)[experience.action_mask].sum() / 10).backward()
+
+    model = load_model(_actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9), 0, 1)
+    grads = {}
+    model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
+        {name: p.grad.clone() for name, p in model.engine.module.named_parameters()}))
+    [micro_batches] = micro_batches_per_rank(experience, 1, train_batch_size=2, micro_batch_size=1, epochs=1,
+                                             generator=torch.Generator().manual_seed(0))
+    for batch in micro_batches:
+        policy_step(model, batch)
+    assert grads, "the two micro-batches must make one optimizer step"
+    for name, param in hand.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring in eval mode
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scoring_twice_with_dropout_gives_the_same_log_probs(tiny_model, one_rank, tmp_path):
+    """The old and reference log-probs of ModelWorker.forward come with dropout off; training mode is back after."""
+    from rlhf_trainer.workers.distributed import free_port
+    from rlhf_trainer.workers.model_worker import ModelWorker
+
+    path = shutil.copytree(tiny_model, tmp_path / "dropout")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    worker = ModelWorker(0, 1)
+    worker.setup(_actor_config(path, train_batch_size=2, micro_train_batch_size=1, micro_rollout_batch_size=2),
+                 "127.0.0.1", free_port())
+    experience = _experience([8, 5, 3])
+    args = experience.sequences, experience.attention_mask, experience.num_actions
+    with torch.no_grad():
+        assert not torch.equal(worker.model.action_log_probs(*args), worker.model.action_log_probs(*args)), \
+            "dropout must be active in training mode for this test to mean anything"
+    torch.testing.assert_close(worker.forward(*args), worker.forward(*args), rtol=0, atol=0)
+    assert worker.model.engine.module.training
+
+
+# ---------------------------------------------------------------------------------------------
+# Dr. GRPO: dr-grpo's default aggregation, on the production path, against TRL's dr_grpo
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LogitsModel:
+    """A rank's Model whose forward pass returns given logits; backward_step backpropagates."""
+
+    cfg: ModelConfig
+    logits: torch.Tensor
+    losses: list = field(default_factory=list)
+
+    def action_logits(self, sequences, attention_mask, num_actions):
+        return self.logits
+
+    def backward_step(self, loss):
+        self.losses.append(loss.detach())
+        loss.backward()
+
+
+def _dr_grpo_job(max_new_tokens: int, beta: float, eps_high: float):
+    manifest = yaml.safe_load(TOY_JOB.read_text())
+    spec = manifest["spec"]
+    spec["algorithm"] = "dr-grpo"
+    spec["rollout"]["maxNewTokens"] = max_new_tokens
+    spec["training"].update(kl={"coef": beta, "estimator": "k3", "placement": "loss"}, clipEpsHigh=eps_high)
+    return validate(manifest).spec
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 16)])
+@pytest.mark.parametrize("beta,eps_high", [(0.0, 0.2), (0.04, 0.28)])
+def test_dr_grpo_policy_step_matches_trl_dr_grpo(shape, beta, eps_high, trl_trainer):
+    """The dr-grpo job's policy step, aggregation and budget from the catalogue and the rollout spec
+    (as Trainer passes them), against TRL 1.16's GRPOTrainer._compute_loss with loss_type dr_grpo:
+    sum of token losses / (batch * max_completion_length)."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    b, t = shape
+    max_len = t + 5
+    spec = _dr_grpo_job(max_len, beta, eps_high)
+    assert spec.training.loss_aggregation == "seq-mean-token-sum-norm"
+    gen = torch.Generator().manual_seed(b * 31 + t)
+    logits = 2 * torch.randn(b, t, 11, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 11, (b, t), generator=gen)
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    mask = torch.arange(t) < lengths[:, None]
+    log_probs = torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0]
+    old = log_probs + 0.5 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    ref = log_probs + 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    adv = torch.randn(b, generator=gen, dtype=torch.float64)
+
+    ours = LogitsModel(ModelConfig(role="actor", path="unused", model=spec.models.actor, training=spec.training,
+                                   max_new_tokens=spec.rollout.max_new_tokens), logits.clone().requires_grad_(True))
+    sequences = torch.cat([torch.ones(b, 2, dtype=torch.long), labels], dim=1)
+    policy_step(ours, Experience(
+        sequences=sequences, attention_mask=torch.ones_like(sequences), action_mask=mask, action_log_probs=old,
+        base_action_log_probs=ref, advantages=adv[:, None].expand(b, t).clone()))
+
+    trl_logits = logits.clone().requires_grad_(True)
+    trl_log_probs = torch.log_softmax(trl_logits, -1).gather(-1, labels[..., None])[..., 0]
+    trainer = trl_trainer(
+        GRPOTrainer,
+        _get_per_token_logps_and_entropies=lambda *a, **k: (trl_log_probs, torch.zeros(b, t), None),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token", beta=beta,
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=eps_high, use_vllm=False,
+        vllm_importance_sampling_correction=False, current_gradient_accumulation_steps=1,
+        max_completion_length=max_len, _entropy_bonus_enabled=False, use_adaptive_entropy=False, entropy_coef=0.0,
+    )
+    trl_loss = trainer._compute_loss(None, {
+        "prompt_ids": sequences[:, :2], "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": labels, "completion_mask": mask.long(), "advantages": adv,
+        "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": mask.sum().double(),
+    })
+    trl_loss.backward()
+
+    [loss] = ours.losses
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-9)
+    torch.testing.assert_close(ours.logits.grad, trl_logits.grad, atol=1e-9, rtol=0)
