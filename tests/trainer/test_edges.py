@@ -157,6 +157,33 @@ def test_policy_step_gives_every_token_of_the_step_the_weight_one_over_its_count
         torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
+def test_sft_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):
+    """The offline side of the same rule: two accumulated sft micro-batches of 2 and 8 response
+    tokens train as the mean NLL of the step's 10 tokens, not as the mean of two per-batch means."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.offline_data import OfflineExample, pack, with_step_tokens
+    from rlhf_trainer.workers.engine import load_model
+    from rlhf_trainer.workers.objectives import sft_step
+
+    gen = torch.Generator().manual_seed(1)
+    examples = [OfflineExample(torch.randint(3, 300, (3,), generator=gen).tolist(),
+                               (torch.randint(3, 300, (n,), generator=gen).tolist(),)) for n in (2, 8)]
+    batches = [with_step_tokens(pack([example], pad_token_id=0), torch.tensor(10.0)) for example in examples]
+    hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    (-sum(_hand_log_probs(hand, b.sequences, b.num_actions).sum() for b in batches) / 10).backward()
+
+    model = load_model(_actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9), 0, 1)
+    grads = {}
+    model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
+        {name: p.grad.clone() for name, p in model.engine.module.named_parameters()}))
+    for batch in batches:
+        sft_step(model, batch)
+    assert grads, "the two micro-batches must make one optimizer step"
+    for name, param in hand.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 # ---------------------------------------------------------------------------------------------
 # scoring in eval mode
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 from .data import PromptLoader
 from .loop import RunLoop
 from .losses import PreferenceConfig, masked_sum
-from .offline_data import OfflineDataset, OfflineExample, mismatched, pack
+from .offline_data import OfflineDataset, OfflineExample, mismatched, pack, with_step_tokens
 from .workers.group import Placement, mean_metrics
 
 
@@ -110,11 +110,13 @@ class OfflineTrainer(RunLoop):
         kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
         micro = self.training.micro_train_batch_size
         per_rank = torch.arange(len(examples)).chunk(self.trained.size)
+        # token-mean divides by the step's tokens, which only the driver sees (objectives.NORMALIZERS).
+        step_tokens = torch.tensor(float(sum(len(r) for example in examples for r in example.responses)))
         calls = []
         for worker, rows in zip(self.trained.workers, per_rank):
             batches = [
-                pack([examples[i] for i in part], self.pad_token_id,
-                     reference[part] if reference is not None else None, kl_logps)
+                with_step_tokens(pack([examples[i] for i in part], self.pad_token_id,
+                                      reference[part] if reference is not None else None, kl_logps), step_tokens)
                 for part in rows.split(micro)
             ]
             calls.append(worker.train_offline.remote(batches, self.objective.step, options))

@@ -45,6 +45,7 @@ class OfflineBatch:
     reference_logps: Tensor | None = None  # [R] summed response log-probs under the reference (preference losses)
     desirable: Tensor | None = None  # [R] bool: chosen/desirable rows (preference losses)
     kl_logps: Tensor | None = None  # [2] kto: mean log pi and log pi_ref of the step's mismatched pairs
+    step_tokens: Tensor | None = None  # [R] response tokens of the whole optimizer step (all micro-batches and ranks)
 
     @property
     def num_actions(self) -> int:
@@ -82,6 +83,11 @@ def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Ten
     else:
         desirable = torch.tensor([bool(e.desirable) for e in examples])
     return OfflineBatch(sequences, attention_mask, action_mask, reference, desirable, kl_logps)
+
+
+def with_step_tokens(batch: OfflineBatch, step_tokens: Tensor) -> OfflineBatch:
+    """The batch, each row carrying its optimizer step's response token count (as Experience.step_tokens)."""
+    return replace(batch, step_tokens=step_tokens.expand(batch.sequences.shape[0]).clone())
 
 
 def mismatched(examples: list[OfflineExample]) -> list[OfflineExample]:

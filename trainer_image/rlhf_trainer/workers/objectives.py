@@ -38,9 +38,10 @@ from ..offline_data import OfflineBatch
 from .engine import Model
 
 Step = Callable[..., "dict[str, float]"]  # (model, micro-batch, **options) -> metrics
+Batch = Experience | OfflineBatch
 OFFLINE_STEPS: Registry[Step] = Registry("offline training step")
 # The normalizer of each loss aggregation that takes one: (model, micro-batch) -> aggregate_loss's normalizer.
-NORMALIZERS: Registry[Callable[[Model, Experience], "float | None"]] = Registry("loss normalizer")
+NORMALIZERS: Registry[Callable[[Model, Batch], "float | None"]] = Registry("loss normalizer")
 
 
 def mean_over_micro_batches(model: Model, step: Step, micro_batches: Sequence, **options) -> dict[str, float]:
@@ -56,19 +57,19 @@ def mean_over_micro_batches(model: Model, step: Step, micro_batches: Sequence, *
 
 
 @NORMALIZERS.register("token-mean")
-def step_token_count(model: Model, exp: Experience) -> float:
+def step_token_count(model: Model, exp: Batch) -> float:
     """The valid tokens of the whole optimizer step, across micro-batches and ranks, as this
     micro-batch's divisor: every token of the step weighs the same (DAPO, Yu et al. 2025, arXiv 2503.14476)."""
     return model.micro_batch_divisor(float(exp.step_tokens[0]))
 
 
 @NORMALIZERS.register("seq-mean-token-sum-norm")
-def generation_budget(model: Model, exp: Experience) -> float | None:
+def generation_budget(model: Model, exp: Batch) -> float | None:
     """The constant rollout.maxNewTokens (Dr. GRPO's generation budget, Liu et al. 2025, arXiv 2503.20783)."""
     return model.cfg.max_new_tokens
 
 
-def aggregation(model: Model, exp: Experience) -> tuple[str, float | None]:
+def aggregation(model: Model, exp: Batch) -> tuple[str, float | None]:
     """training.lossAggregation and its normalizer for this micro-batch (None: the mode needs none)."""
     mode = model.cfg.loss_aggregation
     normalizer = NORMALIZERS.get(mode)
@@ -118,7 +119,7 @@ def value_step(model: Model, exp: Experience) -> dict[str, float]:
 def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
     """Token NLL of the responses only (the prompt is context, not a target)."""
     log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
-    loss = sft_loss(log_probs, batch.action_mask, model.cfg.loss_aggregation)
+    loss = sft_loss(log_probs, batch.action_mask, *aggregation(model, batch))
     model.backward_step(loss)
     return {"loss": loss.item()}
 
