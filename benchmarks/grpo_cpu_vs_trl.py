@@ -8,7 +8,7 @@ random Qwen2 built offline (rlhf_trainer.tiny.build_tiny_model), the toy prompts
 reward. Both sides take the same 16 prompts per step (the very same prompts, in the order our
 PromptLoader draws them), 8 samples each, 8 new tokens, temperature 1, lr 5e-3 constant, AdamW
 (0.9, 0.95), grad clip 1, k3 KL in the loss with coefficient 0.001 against a frozen reference,
-token-mean PPO-clip loss (TRL loss_type "bnpo"), 2 optimizer steps of 64 samples per rollout
+token-mean PPO-clip loss over the step's tokens (TRL loss_type "dapo"), 2 optimizer steps of 64 samples per rollout
 (micro-batches of 16), float32. One "step" below is one rollout + its update: one step of ours,
 two optimizer steps of TRL's. TRL generates with transformers `generate` (use_vllm=False) and
 runs torch on one thread by default (--trl-threads), as Ray runs each of our training ranks.

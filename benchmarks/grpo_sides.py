@@ -126,7 +126,7 @@ def child_trl(work: Path, result: Path) -> None:
         max_completion_length=w["max_new_tokens"], temperature=w["temperature"], top_p=1.0, top_k=0,
         learning_rate=w["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-        beta=w["kl_coef"], epsilon=0.2, loss_type="bnpo", scale_rewards="group",
+        beta=w["kl_coef"], epsilon=0.2, loss_type="dapo", scale_rewards="group",
         model_init_kwargs={"dtype": getattr(torch, w["dtype"])},
         use_vllm=False,
     )
