@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -129,10 +129,21 @@ def _hand_log_probs(model, sequences: torch.Tensor, num_actions: int) -> torch.T
     return torch.log_softmax(logits, -1).gather(-1, sequences[:, -num_actions:, None])[..., 0]
 
 
-def test_policy_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):
+# The step's loss from the per-token losses [2 sequences, 8] (rows of 2 and 8 valid tokens), by hand.
+STEP_LOSS_BY_HAND = {
+    "token-mean": lambda loss, mask: loss[mask].sum() / 10,
+    "seq-mean-token-mean": lambda loss, mask: sum(row[m].mean() for row, m in zip(loss, mask)) / 2,
+    "seq-mean-token-sum": lambda loss, mask: sum(row[m].sum() for row, m in zip(loss, mask)) / 2,
+    "seq-mean-token-sum-norm": lambda loss, mask: sum(row[m].sum() for row, m in zip(loss, mask)) / 2 / 16,
+}
+
+
+@pytest.mark.parametrize("aggregation", list(STEP_LOSS_BY_HAND))
+def test_policy_step_aggregates_the_step_as_its_formula_says(tiny_model, one_rank, aggregation):
     """The real policy step on a tiny model in a DeepSpeed engine, 2 micro-batches of 2 and 8 valid
-    tokens accumulated into one optimizer step: its gradient is that of the sum of the 10 token losses
-    over 10 (DeepSpeed's division by the accumulation steps accounted for)."""
+    tokens accumulated into one optimizer step: its gradient is that of the aggregation's formula over
+    the whole step (for token-mean: the 10 token losses over 10), DeepSpeed's division by the
+    accumulation steps accounted for; seq-mean-token-sum-norm's budget is rollout.maxNewTokens (16)."""
     from transformers import AutoModelForCausalLM
 
     from rlhf_trainer.workers.engine import load_model
@@ -140,11 +151,12 @@ def test_policy_step_gives_every_token_of_the_step_the_weight_one_over_its_count
     hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     experience = _experience([2, 8])
     experience.action_log_probs = _hand_log_probs(hand, experience.sequences, 8).detach()  # ratio 1: no clipping
-    # sum over the 10 tokens of -A * ratio, over 10
     ratio = (_hand_log_probs(hand, experience.sequences, 8) - experience.action_log_probs).exp()
-    (-(experience.advantages * ratio)[experience.action_mask].sum() / 10).backward()
+    STEP_LOSS_BY_HAND[aggregation](-(experience.advantages * ratio), experience.action_mask).backward()
 
-    model = load_model(_actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9), 0, 1)
+    config = _actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9,
+                           loss_aggregation=aggregation)
+    model = load_model(replace(config, max_new_tokens=16), 0, 1)
     grads = {}
     model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
         {name: p.grad.clone() for name, p in model.engine.module.named_parameters()}))
