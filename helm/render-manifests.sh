@@ -5,5 +5,5 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/e2e/build/build.sh" helm >/dev/null
 helm=$("$root/e2e/build/build.sh" paths | sed -n 's/^HELM=//p')
 echo "# Rendered from helm/rlhf-operator by helm/render-manifests.sh (make manifests). Do not edit."
-"$helm" template rlhf-operator "$root/helm/rlhf-operator" --namespace rlhf-system --include-crds \
+"$helm" template rlhf-operator "$root/helm/rlhf-operator" --namespace rlhf-system \
   --set createNamespace=true 2>/dev/null

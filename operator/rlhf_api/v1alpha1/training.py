@@ -46,7 +46,9 @@ class KLSpec(APIModel):
 
     # k1's expected gradient is zero: in the loss it regularises nothing (OpenRLHF warns the same).
     model_config = cel(
-        ("!(self.placement == 'loss' && self.estimator == 'k1')",
+        # has(): the API server also checks the rule on this section's own default, {} (defaults
+        # are filled in before real objects are validated).
+        ("!(has(self.placement) && has(self.estimator) && self.placement == 'loss' && self.estimator == 'k1')",
          "k1 in the loss regularises nothing (its expected gradient is zero): use estimator k2 (its gradient is the "
          "exact KL's) or k3, or placement reward", ".estimator"),
     )

@@ -1,0 +1,221 @@
+"""The Helm chart on a real API server: its values schema, every rendered object accepted by a
+server-side dry-run, and the CRD's lifecycle (installed and upgraded with the chart, kept on
+uninstall together with the users' RLHFJobs)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "rlhf-operator"
+CRD_FILE = ROOT / "crds" / "rlhf.dev_rlhfjobs.yaml"
+CRD = "rlhfjobs.rlhf.dev"
+RELEASE, RELEASE_NS = "rlhf-helm-e2e", "rlhf-helm-e2e"
+
+VALUE_SETS = {
+    "default": {},
+    "scoped-and-annotated": {
+        "watchNamespaces": ["team-a", "team-b"],
+        "image": {"repository": "registry.example.com/rlhf/operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}},
+        "podAnnotations": {"prometheus.io/scrape": "true"},
+        "podLabels": {"team": "ml-platform"},
+        "priorityClassName": "system-cluster-critical",
+        "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    },
+    "crd-elsewhere-own-security": {
+        "crds": {"install": False},
+        "createNamespace": True,
+        "replicas": 0,
+        "metricsPort": 9090,
+        "healthPort": 9091,
+        "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532,
+                               "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {"runAsUser": 65532, "privileged": False},
+        "podMonitor": {"enabled": True},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory):
+    subprocess.run([str(ROOT / "e2e" / "build" / "build.sh"), "helm"], check=True, capture_output=True)
+    paths = subprocess.run([str(ROOT / "e2e" / "build" / "build.sh"), "paths"], check=True,
+                           capture_output=True, text=True).stdout
+    binary = next(line.split("=", 1)[1] for line in paths.splitlines() if line.startswith("HELM="))
+    home = tmp_path_factory.mktemp("helm-home")  # helm's config, cache and data stay out of $HOME
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_CACHE_HOME": str(home / "cache"), "HELM_DATA_HOME": str(home / "data")}
+
+    def run(*args: str, kubeconfig: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        extra = ["--kubeconfig", str(kubeconfig)] if kubeconfig else []
+        proc = subprocess.run([binary, *args, *extra], capture_output=True, text=True, env=env, timeout=300)
+        if check and proc.returncode != 0:
+            pytest.fail(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+        return proc
+
+    return run
+
+
+def values_file(tmp_path: Path, values: dict) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def served(cp, kind: str) -> bool:
+    out = cp.kubectl("api-resources", "--no-headers", "-o", "name", check=False).stdout
+    return any(line.split(".")[0] == kind.lower() + "s" for line in out.splitlines())
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_chart_renders_objects_the_api_server_accepts(helm, control_plane, tmp_path, name):
+    values = values_file(tmp_path, VALUE_SETS[name])
+    helm("lint", str(CHART), "-f", values, "--namespace", RELEASE_NS)
+    rendered = helm("template", RELEASE, str(CHART), "-f", values, "--namespace", RELEASE_NS).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"} <= kinds
+    assert ("CustomResourceDefinition" in kinds) == VALUE_SETS[name].get("crds", {}).get("install", True)
+    # The PodMonitor's CRD (prometheus-operator) is not on the test control plane.
+    checkable = [d for d in docs if d["kind"] != "PodMonitor" or served(control_plane, "PodMonitor")]
+    control_plane.kubectl("create", "namespace", RELEASE_NS, check=False)
+    result = control_plane.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server",
+                                   "--field-manager", "helm-chart-test", "-f", "-",
+                                   input=yaml.safe_dump_all(checkable))
+    assert result.stdout.count("(server dry run)") == len(checkable), result.stdout
+
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]
+    if name == "default":
+        assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        assert pod["spec"]["containers"][0]["securityContext"] == {
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+        assert "priorityClassName" not in pod["spec"] and "annotations" not in pod["metadata"]
+    if name == "scoped-and-annotated":
+        assert pod["metadata"]["labels"]["team"] == "ml-platform"
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "rlhf-operator"
+        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+        assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+        assert pod["spec"]["containers"][0]["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+        assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}
+    if name == "crd-elsewhere-own-security":
+        assert pod["spec"]["securityContext"]["runAsUser"] == 65532
+        container = pod["spec"]["containers"][0]["securityContext"]  # merged over the defaults
+        assert container["runAsUser"] == 65532 and container["capabilities"] == {"drop": ["ALL"]}
+        assert "PodMonitor" in kinds and "Namespace" in kinds
+
+
+def test_chart_crd_is_the_generated_file_with_keep(helm):
+    rendered = helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NS).stdout
+    crd = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "CustomResourceDefinition")
+    generated = yaml.safe_load(CRD_FILE.read_text())
+    assert crd["spec"] == generated["spec"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_packaged_chart_carries_the_crd(helm, tmp_path):
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("rlhf-operator-*.tgz")
+    rendered = helm("template", RELEASE, str(package)).stdout
+    assert "openAPIV3Schema" in rendered
+
+
+@pytest.mark.parametrize("values,field,message", [
+    ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy", "Always"),
+    ({"replicas": 2}, "/replicas", "maximum"),
+    ({"crds": {"install": "yes"}}, "/crds/install", "boolean"),
+    ({"podLabels": {"tier": 1}}, "/podLabels/tier", "string"),
+    ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0", "pattern"),
+    ({"metricPort": 9090}, "metricPort", "additional properties"),
+])
+def test_bad_values_are_refused_naming_the_field(helm, tmp_path, values, field, message):
+    path = values_file(tmp_path, values)
+    for command in (["lint", str(CHART)], ["template", RELEASE, str(CHART)]):
+        result = helm(*command, "-f", path, check=False)
+        output = result.stderr + result.stdout
+        assert result.returncode != 0, output
+        assert field in output and message in output, output
+
+
+def crd_schema_properties(cp) -> dict:
+    crd = json.loads(cp.kubectl("get", "crd", CRD, "-o", "json").stdout)
+    return crd, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+
+
+@pytest.fixture
+def release(control_plane):
+    """The CRD as crds/ installs it, without Helm (the control plane's, or plain manifests');
+    restored exactly to that afterwards."""
+    if control_plane.kubectl("get", "crd", CRD, check=False).returncode != 0:
+        control_plane.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+    try:
+        yield control_plane
+    finally:
+        control_plane.kubectl("delete", "namespace", RELEASE_NS, "--ignore-not-found", "--wait=false")
+        control_plane.kubectl("delete", "clusterrole,clusterrolebinding", "-l",
+                              f"app.kubernetes.io/instance={RELEASE}", "--ignore-not-found")
+        live = json.loads(control_plane.kubectl("get", "crd", CRD, "-o", "json").stdout)
+        original = yaml.safe_load(CRD_FILE.read_text())
+        original["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        control_plane.kubectl("replace", "-f", "-", input=json.dumps(original))
+
+
+def test_helm_install_upgrade_uninstall_manages_the_crd(helm, release, tmp_path):
+    cp, kubeconfig = release, release.kubeconfig
+    install = ("install", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--create-namespace")
+
+    # A CRD installed before (plain manifests, an older chart's crds/) is not Helm's: adopt it.
+    refused = helm(*install, kubeconfig=kubeconfig, check=False)
+    assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr, refused.stderr
+    cp.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cp.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
+               f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")
+    helm(*install, kubeconfig=kubeconfig)
+    crd, properties = crd_schema_properties(cp)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    assert "helmUpgradeProbe" not in properties
+    cp.kubectl("get", "deployment", RELEASE, "-n", RELEASE_NS)
+
+    # A newer chart whose CRD has another field: helm upgrade brings it to the API server.
+    newer = tmp_path / "rlhf-operator"
+    shutil.copytree(CHART, newer)  # follows the files/ symlink: a real copy to modify
+    crd_file = newer / "files" / "rlhf.dev_rlhfjobs.yaml"
+    assert not crd_file.is_symlink()
+    doc = yaml.safe_load(crd_file.read_text())
+    spec_schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["helmUpgradeProbe"] = {"type": "string", "description": "added by the upgrade"}
+    crd_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    chart = yaml.safe_load((newer / "Chart.yaml").read_text())
+    chart["version"] = "99.0.0"
+    (newer / "Chart.yaml").write_text(yaml.safe_dump(chart))
+    helm("upgrade", RELEASE, str(newer), "--namespace", RELEASE_NS, kubeconfig=kubeconfig)
+    _, properties = crd_schema_properties(cp)
+    assert properties["helmUpgradeProbe"] == {"type": "string", "description": "added by the upgrade"}
+
+    # An RLHFJob of a user (no operator runs, so it carries no finalizer) outlives the chart.
+    job = yaml.safe_load((ROOT / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml").read_text())
+    job["metadata"]["namespace"] = RELEASE_NS
+    cp.kubectl("apply", "-f", "-", input=json.dumps(job))
+
+    uninstalled = helm("uninstall", RELEASE, "--namespace", RELEASE_NS, kubeconfig=kubeconfig)
+    assert CRD in uninstalled.stdout + uninstalled.stderr  # "These resources were kept due to the resource policy"
+    crd, properties = crd_schema_properties(cp)
+    assert "helmUpgradeProbe" in properties
+    cp.kubectl("get", "rlhfjob", job["metadata"]["name"], "-n", RELEASE_NS)
+    assert cp.kubectl("get", "deployment", RELEASE, "-n", RELEASE_NS, check=False).returncode != 0
+    assert cp.kubectl("get", "clusterrole", RELEASE, check=False).returncode != 0
