@@ -16,15 +16,32 @@ def free_port() -> int:
 
 def test_metrics_are_served_over_http():
     port = free_port()
-    reporter = PrometheusReporter(port)
+    reporter = PrometheusReporter(port, job="tiny-grpo", namespace="team-a")
     reporter.start(total_steps=30)
     reporter.log(3, {"reward_mean": 0.25, "kl": 0.01, "tokens_per_second": 120.0, "rollout_seconds": 1.5, "unknown": 7})
     reporter.checkpoint(3, "/checkpoints/step-3")
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    assert float(samples["rlhf_step"]) == 3 and float(samples["rlhf_total_steps"]) == 30
-    assert float(samples["rlhf_reward_mean"]) == 0.25
-    assert float(samples["rlhf_rollout_tokens_per_second"]) == 120.0
-    assert float(samples["rlhf_rollout_duration_seconds"]) == 1.5
-    assert float(samples["rlhf_last_checkpoint_step"]) == 3
+    # Every series names the job it measures (dashboards and alerts group by it).
+    labels = '{rlhf_job="tiny-grpo",rlhf_namespace="team-a"}'
+    assert all(name.endswith(labels) for name in samples if name.startswith("rlhf_"))
+    value = {name.removesuffix(labels): float(v) for name, v in samples.items() if name.startswith("rlhf_")}
+    assert value["rlhf_step"] == 3 and value["rlhf_total_steps"] == 30
+    assert value["rlhf_reward_mean"] == 0.25
+    assert value["rlhf_rollout_tokens_per_second"] == 120.0
+    assert value["rlhf_rollout_duration_seconds"] == 1.5
+    assert value["rlhf_last_checkpoint_step"] == 3
     assert not any("unknown" in name for name in samples)
+
+
+def test_in_a_pod_the_job_comes_from_the_operator_s_environment(monkeypatch):
+    from prometheus_client import generate_latest
+
+    from rlhf_api import contract
+
+    monkeypatch.setenv(contract.METRICS_PORT_ENV, str(free_port()))
+    monkeypatch.setenv(contract.JOB_NAME_ENV, "ppo-llama")
+    monkeypatch.setenv(contract.JOB_NAMESPACE_ENV, "ml")
+    reporter = PrometheusReporter.from_environment()
+    reporter.start(total_steps=5)
+    assert 'rlhf_total_steps{rlhf_job="ppo-llama",rlhf_namespace="ml"} 5.0' in generate_latest(reporter.registry).decode()

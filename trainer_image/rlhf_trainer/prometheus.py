@@ -1,4 +1,8 @@
-"""Prometheus metrics of a training run, served on RLHF_METRICS_PORT (the head pod's `metrics` port)."""
+"""Prometheus metrics of a training run, served on RLHF_METRICS_PORT (the head pod's `metrics` port).
+
+Every series carries the RLHFJob it measures (labels rlhf_job and rlhf_namespace, from the pod's
+environment), so dashboards and alerts group by job whatever pod or cluster serves it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from rlhf_api import contract
 
 
+JOB_LABELS = ("rlhf_job", "rlhf_namespace")
 # trainer metric key -> (Prometheus name, help). Names follow Prometheus conventions: a prefix,
 # base units (seconds), _total only for counters.
 GAUGES = {
@@ -30,19 +35,25 @@ GAUGES = {
 class PrometheusReporter:
     """A Reporter that keeps gauges for the latest step and metrics, served over HTTP."""
 
-    def __init__(self, port: int | None, registry: CollectorRegistry | None = None):
+    def __init__(self, port: int | None, job: str = "", namespace: str = "", registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.step = Gauge("rlhf_step", "Completed training steps", registry=self.registry)
-        self.total_steps = Gauge("rlhf_total_steps", "Planned training steps", registry=self.registry)
-        self.checkpoint_step = Gauge("rlhf_last_checkpoint_step", "Step of the newest checkpoint", registry=self.registry)
-        self.gauges = {key: Gauge(name, help, registry=self.registry) for key, (name, help) in GAUGES.items()}
+
+        def gauge(name: str, help: str) -> Gauge:
+            return Gauge(name, help, JOB_LABELS, registry=self.registry).labels(job, namespace)
+
+        self.step = gauge("rlhf_step", "Completed training steps")
+        self.total_steps = gauge("rlhf_total_steps", "Planned training steps")
+        self.checkpoint_step = gauge("rlhf_last_checkpoint_step", "Step of the newest checkpoint")
+        self.gauges = {key: gauge(name, help) for key, (name, help) in GAUGES.items()}
         if port is not None:
             start_http_server(port, registry=self.registry)
 
     @classmethod
     def from_environment(cls) -> PrometheusReporter | None:
         port = os.environ.get(contract.METRICS_PORT_ENV)
-        return cls(int(port)) if port else None
+        if not port:
+            return None
+        return cls(int(port), os.environ.get(contract.JOB_NAME_ENV, ""), os.environ.get(contract.JOB_NAMESPACE_ENV, ""))
 
     def start(self, total_steps: int) -> None:
         self.total_steps.set(total_steps)
