@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e.fixtures import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "manifests" / "install.yaml"
 OPERATOR = "system:serviceaccount:rlhf-system:rlhf-operator"
@@ -62,3 +64,21 @@ def test_operator_may_do_its_work(installed, verb, resource):
 ])
 def test_operator_may_do_nothing_else(installed, verb, resource):
     assert not can_i(installed, verb, resource, "-A")
+
+
+@pytest.mark.parametrize("role, allowed, refused", [
+    ("edit", ["create", "delete", "patch", "list"], []),
+    ("view", ["get", "list", "watch"], ["create", "delete", "patch"]),
+])
+def test_users_of_the_built_in_roles_get_rlhfjobs_by_aggregation(installed, namespace, role, allowed, refused):
+    """Whoever may edit (or view) a namespace may run (or read) RLHFJobs there, with no extra binding."""
+    user = f"{role}-user"
+    installed.kubectl("-n", namespace, "create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}")
+
+    def can(verb: str) -> bool:
+        return installed.kubectl("auth", "can-i", "--as", user, "-n", namespace, verb, "rlhfjobs.rlhf.dev",
+                                 check=False).stdout.strip() == "yes"
+
+    # kube-controller-manager's aggregation controller folds our ClusterRoles into the built-in ones.
+    wait_for(lambda: all(can(verb) for verb in allowed), 60, f"{role} to include the RLHFJob rules")
+    assert not any(can(verb) for verb in refused)
