@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_operator import render
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-operator"
 CRD_FILE = ROOT / "crds" / "rlhf.dev_rlhfjobs.yaml"
@@ -28,6 +30,7 @@ VALUE_SETS = {
         "podAnnotations": {"prometheus.io/scrape": "true"},
         "podLabels": {"team": "ml-platform"},
         "priorityClassName": "system-cluster-critical",
+        "trainerImage": "registry.example.com/rlhf/trainer:0.1.0",
         "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"}],
@@ -103,11 +106,14 @@ def test_chart_renders_objects_the_api_server_accepts(helm, control_plane, tmp_p
         assert pod["spec"]["containers"][0]["securityContext"] == {
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
         assert "priorityClassName" not in pod["spec"] and "annotations" not in pod["metadata"]
+        assert "env" not in pod["spec"]["containers"][0]  # jobs without an image get the release's trainer
     if name == "scoped-and-annotated":
         assert pod["metadata"]["labels"]["team"] == "ml-platform"
         assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "rlhf-operator"
         assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
         assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+        assert pod["spec"]["containers"][0]["env"] == [
+            {"name": render.TRAINER_IMAGE_ENV, "value": "registry.example.com/rlhf/trainer:0.1.0"}]  # what render reads
         assert pod["spec"]["containers"][0]["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
         sa = next(d for d in docs if d["kind"] == "ServiceAccount")
         assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}

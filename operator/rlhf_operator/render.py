@@ -8,6 +8,7 @@ workers. Every child is owned by the job, so deleting the job deletes them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kopf
@@ -21,8 +22,16 @@ RAY_API_VERSION = "ray.io/v1"
 # The Ray version of the trainer image (pyproject pins ray 2.60). KubeRay needs it for token auth,
 # which Ray enables by default since 2.52.
 RAY_VERSION = "2.60.0"
+# The trainer image of a job that names none: the installation's (chart value trainerImage, passed
+# in the operator's environment), else this release's own. A cluster sets it once, not every job.
+TRAINER_IMAGE_ENV = "RLHF_TRAINER_IMAGE"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/rlhf-operator/trainer:0.1.0"
 RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
 ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
+
+
+def trainer_image(resources: api.ResourcesSpec) -> str:
+    return resources.image or os.environ.get(TRAINER_IMAGE_ENV) or DEFAULT_TRAINER_IMAGE
 
 
 def _metadata(job: api.RLHFJob, name: str) -> dict[str, Any]:
@@ -200,7 +209,7 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
     resources = job.spec.resources
     container = {
         "name": name,
-        "image": resources.image,
+        "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
         "env": _merge_env(env, resources.env),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
@@ -241,7 +250,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
     resources = job.spec.resources
     container = {
         "name": "ray-job-submitter",
-        "image": resources.image,
+        "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
         "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": {"allowPrivilegeEscalation": False},

@@ -288,7 +288,20 @@ def test_the_submitter_runs_the_trainer_image_with_the_pull_secrets():
     submitter = render.ray_job(as_job(doc))["spec"]["submitterPodTemplate"]
     pod = submitter["spec"]
     (container_spec,) = pod["containers"]
-    assert container_spec["image"] == as_job(doc).spec.resources.image and "command" not in container_spec
+    assert container_spec["image"] == render.DEFAULT_TRAINER_IMAGE and "command" not in container_spec
     assert pod["restartPolicy"] == "Never" and pod["imagePullSecrets"] == [{"name": "registry"}]
     assert pod["priorityClassName"] == "training"
     assert submitter["metadata"]["labels"]["rlhf.dev/job"] == "tiny"
+
+
+def test_a_job_without_an_image_gets_the_installation_s_trainer_image(monkeypatch):
+    """The default used to live in the CRD: every job had to repeat a cluster's own trainer image."""
+    assert head_and_worker(render.ray_job(as_job(tiny())))[0]["template"]["spec"]["containers"][0]["image"] \
+        == render.DEFAULT_TRAINER_IMAGE
+    monkeypatch.setenv(render.TRAINER_IMAGE_ENV, "registry.corp/rlhf-trainer:2.1")
+    ray_job = render.ray_job(as_job(tiny()))
+    head, worker = head_and_worker(ray_job)
+    for template in (head["template"], worker["template"], ray_job["spec"]["submitterPodTemplate"]):
+        assert template["spec"]["containers"][0]["image"] == "registry.corp/rlhf-trainer:2.1"
+    own = render.ray_job(as_job(tiny(resources={"image": "mine:1"})))
+    assert head_and_worker(own)[0]["template"]["spec"]["containers"][0]["image"] == "mine:1"

@@ -75,8 +75,8 @@ class ResourcesSpec(APIModel):
         ("!has(self.gpuProduct) || self.gpusPerNode > 0", "gpuProduct selects GPU nodes: set gpusPerNode > 0 or remove gpuProduct", ".gpuProduct"),
     )
 
-    image: str = Field("ghcr.io/rlhf-operator/trainer:0.1.0", max_length=1024)
-    """Trainer image for the Ray head and workers."""
+    image: str | None = Field(None, max_length=1024)
+    """Trainer image for the Ray head and workers; unset: the cluster's default, set by the operator's installation (chart value trainerImage)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy."""
     image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
