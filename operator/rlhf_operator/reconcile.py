@@ -207,6 +207,10 @@ def reconcile(body: Any) -> None:
     if ray_job is None and (ended := _reported_end(body)) is not None:
         record(body, status.Observation(ended[0], "RayJobGone", ended[1]), meta.get("generation"))
         return
+    left = lifecycle.seconds_until_deadline(body["spec"], body.get("status"), lifecycle.now())
+    if left is not None and left <= 0:  # before any child is created or patched: the job ends here
+        stop_at_deadline(body, ray_job)
+        return
     try:
         if ray_job is None:
             checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name), waited=_age_seconds(meta))
@@ -225,10 +229,6 @@ def reconcile(body: Any) -> None:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
     if job.spec.queue_name:
         _align_workload(client, job.spec, ray_job)
-    if (left := lifecycle.seconds_until_deadline(body["spec"], body.get("status"), lifecycle.now())) is not None \
-            and left <= 0:
-        stop_at_deadline(body, ray_job)
-        return
     mirror(body, ray_job, meta.get("generation"))
 
 
