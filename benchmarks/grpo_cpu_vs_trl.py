@@ -13,6 +13,10 @@ token-mean PPO-clip loss over the step's tokens (TRL loss_type "dapo"), 2 optimi
 two optimizer steps of TRL's. TRL generates with transformers `generate` (use_vllm=False) and
 runs torch on one thread by default (--trl-threads), as Ray runs each of our training ranks.
 
+--model-shape runs another of rlhf_trainer.tiny.SHAPES (random weights, built offline, the same toy
+prompts and reward; results then in grpo_cpu_vs_trl_<shape>.json), and --set changes the job (its
+batch, lengths) on both sides: a realistic shape's step is too slow for the tiny job's batch.
+
 Each side runs in a subprocess of its own, one after the other (never at the same time); a
 thread here samples the resident memory of that subprocess and all its descendants (Ray's
 raylet, GCS and actors included). Pairs are repeated while the time budget allows, alternating
@@ -36,34 +40,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import (  # noqa: E402  (this directory's shared helpers)
     OFFLINE_ENV,
-    REPO,
     TINY,
     TreeMemory,
     cpu_model,
     git_commit,
     load_job,
+    results_path,
     total_memory,
     versions,
 )
 from grpo_sides import child_ours, child_trl, workload  # noqa: E402
+from rlhf_trainer.tiny import SHAPES  # noqa: E402
 
 SIDES = ("ours", "trl")
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "grpo_cpu_vs_trl.json"
 
 
 # ----------------------------------------------------------------------------------- the job
 
 
-def prepare(work: Path, steps: int) -> dict:
-    """The tiny model and the job file (a copy of the example with absolute paths) in `work`."""
+def prepare(work: Path, steps: int, shape: str, settings: list[str]) -> dict:
+    """The model and the job file (a copy of the example with absolute paths and `settings`, "dotted.key=YAML
+    value" each) in `work`."""
     import yaml
 
     from rlhf_trainer.tiny import build_tiny_model
 
-    model = build_tiny_model(work / "model")
+    model = build_tiny_model(work / "model", shape=shape)
     shutil.copytree(TINY, work / "tiny", ignore=shutil.ignore_patterns("model"))
     job = load_job(steps)
     job["spec"]["models"]["actor"]["path"] = str(model)
+    for setting in settings:
+        dotted, _, value = setting.partition("=")
+        *parents, leaf = dotted.split(".")
+        node = job["spec"]
+        for key in parents:
+            node = node[key]
+        node[leaf] = yaml.safe_load(value)
     (work / "job.yaml").write_text(yaml.safe_dump(job))
     return job
 
@@ -144,6 +156,7 @@ def summarize(record: dict, warmup: int) -> dict:
         "reward_first_step": rewards[0],
         "reward_last_step": rewards[-1],
         "reward_per_step": [round(r, 4) for r in rewards],
+        "kl_per_step": [round(s["kl"], 4) if s.get("kl") is not None else None for s in steps],
     }
     # rollout: generate, score, the actor's and reference's log-probs, advantages; update: the optimizer
     # steps (and, ours, the weight sync to vLLM). Ours reports both; TRL's update is the rest of the step.
@@ -151,6 +164,9 @@ def summarize(record: dict, warmup: int) -> dict:
     summary["update_seconds_median"] = statistics.median(
         steps[i]["update_seconds"] if "update_seconds" in steps[i] else step_seconds[i] - steps[i]["rollout_seconds"]
         for i in kept)
+    # ours' own split of the step (time/generation, time/experience: the log-probs, time/update, time/weight_sync)
+    summary["phase_seconds_median"] = {key: statistics.median(steps[i][key] for i in kept)
+                                       for key in steps[0] if key.startswith("time/")}
     return summary
 
 
@@ -207,7 +223,10 @@ def main() -> int:
     parser.add_argument("--trl-threads", type=int, default=1,
                         help="torch threads of the TRL process (default 1, what Ray gives each of our training ranks: "
                              "OMP_NUM_THREADS=1 for an actor of one CPU); 0 leaves torch's default (one per core)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT.relative_to(REPO)})")
+    parser.add_argument("--model-shape", choices=SHAPES, default="tiny", help="the model's shape (default tiny)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="a job spec field for both sides, by dotted path (training.rolloutBatchSize=8); repeatable")
+    parser.add_argument("--out", type=Path, help="results JSON (default results/grpo_cpu_vs_trl[_<shape>].json)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (model, logs, outputs)")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -218,11 +237,12 @@ def main() -> int:
         (child_ours if args.child == "ours" else child_trl)(args.work, args.result)
         return 0
 
+    args.out = args.out or results_path("grpo_cpu_vs_trl", args.model_shape)
     os.environ.update(OFFLINE_ENV)
     started = time.time()
     load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
-    job = prepare(work, args.steps)
+    job = prepare(work, args.steps, args.model_shape, args.settings)
     print(f"work dir {work}; load average at start {load_start}", flush=True)
 
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
@@ -271,7 +291,7 @@ def main() -> int:
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
         "wall_seconds": time.time() - started,
-        "workload": workload(job),
+        "workload": {"model_shape": args.model_shape, **workload(job)},
         "warmup_steps_excluded": args.warmup,
         "trl_threads": args.trl_threads or "torch default",
         "runs_per_side": {side: len(runs[side]) for side in SIDES},

@@ -7,8 +7,6 @@ import json
 import time
 from pathlib import Path
 
-from measure import load_job
-
 
 def workload(job: dict) -> dict:
     """The knobs both sides are given, read from the job."""
@@ -36,6 +34,8 @@ def workload(job: dict) -> dict:
 
 
 def child_ours(work: Path, result: Path) -> None:
+    import yaml
+
     from rlhf_trainer.reporting import JsonlWriter
     from rlhf_trainer.run import run
 
@@ -59,7 +59,7 @@ def child_ours(work: Path, result: Path) -> None:
     out = work / f"{result.stem}-out"  # a fresh output dir: the job resumes from checkpoints it finds
     record["rc"] = run(work / "job.yaml", output_dir=out, reporters=[Recorder(), JsonlWriter(out / "metrics.jsonl")])
     record["exit"] = time.time()
-    w = workload(load_job(0))
+    w = workload(yaml.safe_load((work / "job.yaml").read_text()))
     samples = w["prompts_per_step"] * w["samples_per_prompt"]
     for step in record["steps"]:  # response_length is the mean; tokens_per_second is per second of generation
         step["generated_tokens"] = step["response_length"] * samples
@@ -97,6 +97,7 @@ def child_trl(work: Path, result: Path) -> None:
                                  for r in ordered])
 
     record: dict = {"steps": [], "rewards": [], "generations": [], "rollouts": [], "optimizer_steps": []}
+    kls: dict[int, float] = {}
 
     def letter(prompts, completions, completion_ids, label, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -111,6 +112,10 @@ def child_trl(work: Path, result: Path) -> None:
 
         def on_step_end(self, args, state, control, **kwargs):
             record["optimizer_steps"].append({"global_step": state.global_step, "time": time.time()})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "kl" in logs:  # logging_steps=1: the mean k3 KL to the reference over the optimizer step's tokens
+                kls[state.global_step] = logs["kl"]
 
     per_step = w["optimizer_steps_per_step"]
     accumulation = w["train_batch_size"] // w["micro_train_batch_size"]
@@ -163,6 +168,8 @@ def child_trl(work: Path, result: Path) -> None:
         record["steps"].append({"step": k, "time": ends[k * per_step], "reward_mean": reward["reward_mean"],
                                 "generated_tokens": reward["generated_tokens"],
                                 "generation_seconds": record["generations"][k - 1],
-                                "rollout_seconds": record["rollouts"][k - 1]})
+                                "rollout_seconds": record["rollouts"][k - 1],
+                                # as ours' kl metric: the policy before this rollout's update, on its samples
+                                "kl": kls.get((k - 1) * per_step + 1)})
     record["rc"] = 0
     result.write_text(json.dumps(record))

@@ -12,6 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_JOB = REPO / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
 TINY = REPO / "manifests" / "examples" / "tiny"
+RESULTS = REPO / "benchmarks" / "results"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
 
@@ -27,6 +28,11 @@ def load_job(steps: int) -> dict:
     spec["checkpoint"].update(path="checkpoints", intervalSteps=0)  # relative: under the run's output dir
     spec["checkpoint"]["exportHf"] = False
     return job
+
+
+def results_path(benchmark: str, shape: str) -> Path:
+    """A benchmark's default results file at a model shape (rlhf_trainer.tiny.SHAPES): the tiny shape's has no suffix."""
+    return RESULTS / (f"{benchmark}.json" if shape == "tiny" else f"{benchmark}_{shape}.json")
 
 
 class TreeMemory(threading.Thread):

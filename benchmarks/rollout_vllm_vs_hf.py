@@ -1,7 +1,10 @@
-"""Rollout generation on CPU: our vLLM-CPU engine (workers/rollout.py) vs transformers `generate`, same tiny model.
+"""Rollout generation on CPU: our vLLM-CPU engine (workers/rollout.py) vs transformers `generate`, same model.
 
     .venv/bin/python benchmarks/rollout_vllm_vs_hf.py   # ~4-5 minutes on 2 cores; writes
                                                         # benchmarks/results/rollout_vllm_vs_hf.json
+
+The model is the tiny one, or with --model-shape another of rlhf_trainer.tiny.SHAPES (random weights,
+built offline; results then in rollout_vllm_vs_hf_<shape>.json).
 
 One call = one rollout batch of the tiny example job: its first 16 prompts (in the order our
 trainer draws them, chat template applied), 8 samples each, temperature 1, top-p 1, no top-k,
@@ -37,17 +40,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import (  # noqa: E402  (this directory's shared helpers)
     OFFLINE_ENV,
-    REPO,
     TINY,
     TreeMemory,
     cpu_model,
     git_commit,
     load_job,
+    results_path,
     total_memory,
     versions,
 )
+from rlhf_trainer.tiny import SHAPES, build_tiny_model  # noqa: E402
 
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout_vllm_vs_hf.json"
 # side -> OMP_NUM_THREADS. vllm is the engine as the trainer runs it: Ray sets OMP_NUM_THREADS=1 in a one-CPU
 # actor, and with the engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uniproc executor) vLLM does not
 # apply VLLM_CPU_OMP_THREADS_BIND (only its multiprocessing executor reads it), so it runs on one torch thread.
@@ -205,7 +208,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per config (default 2)")
     parser.add_argument("--calls", type=int, default=8, help="timed calls per config (default 8)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds of all sides (default 2)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--model-shape", choices=SHAPES, default="tiny", help="the model's shape (default tiny)")
+    parser.add_argument("--out", type=Path, help="results JSON (default results/rollout_vllm_vs_hf[_<shape>].json)")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -219,12 +223,11 @@ def main() -> int:
         args.result.write_text(json.dumps(record))
         return 0
 
-    from rlhf_trainer.tiny import build_tiny_model
-
+    args.out = args.out or results_path("rollout_vllm_vs_hf", args.model_shape)
     os.environ.update(OFFLINE_ENV)
     started, load_start = time.time(), os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    build_tiny_model(work / "model")
+    build_tiny_model(work / "model", shape=args.model_shape)
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for repeat in range(args.repeats):
         order = list(SIDES) if repeat % 2 == 0 else list(SIDES)[::-1]
@@ -290,7 +293,7 @@ def main() -> int:
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
         "wall_seconds": time.time() - started,
-        "workload": {"prompts": 16, "samples_per_prompt": 8, "max_new_tokens": args.max_new_tokens,
+        "workload": {"model_shape": args.model_shape, "prompts": 16, "samples_per_prompt": 8, "max_new_tokens": args.max_new_tokens,
                      "temperature": 1.0, "warmup_calls": args.warmup, "timed_calls": args.calls},
         "summary": summary,
         "summary_markdown": table,

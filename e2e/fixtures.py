@@ -21,6 +21,7 @@ fresh etcd instead of starting from the cached seed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import time
@@ -35,6 +36,8 @@ from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
 from e2e.controlplane import queues as kueue_objects
 
 _STARTED: list[ControlPlane] = []
+_built: concurrent.futures.Future | None = None  # the control plane's build, when it runs beside the first tests
+NEEDS_BUILD = "needs_build"  # the marker of tests that run binaries of e2e/build/build.sh without the control plane
 
 
 @dataclass
@@ -56,6 +59,8 @@ def _failed(session: pytest.Session) -> bool:
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    if _built is not None:
+        _built.result()  # the build started at collection; its errors surface here
     cp = ControlPlane(controller_manager=True, scheduler=True, kwok=False, kuberay=False)
     cp.start()
     _STARTED.append(cp)
@@ -195,12 +200,23 @@ def namespace(kube_api: KubeAPI, request: pytest.FixtureRequest) -> Iterator[str
         warnings.warn(str(e), stacklevel=1)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{NEEDS_BUILD}: runs binaries e2e/build/build.sh builds (helm, promtool ...); "
+                            "ordered after the tests that need no build, and waits for it outside its timeout")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that need the build run last (a stable sort), so on a fresh machine as many tests
+    as possible run while it builds."""
+    items.sort(key=needs_build)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build missing control-plane binaries before any test runs: a first build takes many
-    minutes and must not count against a test's timeout."""
+    """Build missing control-plane binaries before the first test that needs them: a first build
+    takes many minutes and must not count against a test's timeout."""
     if session.config.option.collectonly:
         return
-    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+    if not any(needs_build(item) for item in session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -208,7 +224,34 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if reporter is not None:
             reporter.write_line(f"[e2e build] {msg}")
 
-    Binaries.default().ensure(BUILD_TARGETS, log)
+    if needs_build(session.items[0]):
+        Binaries.default().ensure(BUILD_TARGETS, log)
+        return
+    # The tests before the first that needs it (the unit and ML tests) run while it builds, so a
+    # fresh machine's run is shorter by the build's time; pytest_runtest_protocol waits for it.
+    global _built
+    ahead = next(i for i, item in enumerate(session.items) if needs_build(item))
+    log(f"building the control plane (if needed) while the {ahead} tests before the first that needs it run")
+    builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="e2e-build")
+    _built = builder.submit(Binaries.default().ensure, BUILD_TARGETS, lambda msg: None)
+    builder.shutdown(wait=False)
+
+
+def needs_build(item: pytest.Item) -> bool:
+    """The test uses the control plane, or a binary of build.sh (marked NEEDS_BUILD)."""
+    return "control_plane" in getattr(item, "fixturenames", ()) or item.get_closest_marker(NEEDS_BUILD) is not None
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Wait for a build still running before the first test that needs it, outside that test's
+    timeout (pytest-timeout's own wrapper starts the clock inside this one)."""
+    if _built is not None and not _built.done() and needs_build(item):
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("[e2e build] waiting for the control plane's build")
+        concurrent.futures.wait([_built])
+    yield
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

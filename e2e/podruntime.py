@@ -27,6 +27,11 @@ real Ray head starts there, the RayJob's entrypoint is submitted with its runtim
 Ray's Jobs API, and the RayJob status KubeRay writes as the Ray job moves is written (see
 e2e/operator/kuberay.py for that status shape).
 
+A Ray job that fails with attempts left (RayJob spec.backoffLimit) leaves the RayJob Retrying, as
+KubeRay does; `retry()` then does KubeRay's part of a retry: the attempt's cluster deleted (this
+head stopped), the RayJob back to New, and a new head started, with a new cluster name and
+submission id, whose Ray job is submitted by `run_job()` again.
+
 What it does not do: pull images (the local virtualenv is the "image"), worker pods (the head
 has the whole cluster's CPUs), GPUs, resource limits, other volume types (start() raises), file
 modes and `optional` references.
@@ -50,7 +55,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from e2e.controlplane import ControlPlane, free_ports
-from e2e.operator.kuberay import RayJobStatus
+from e2e.operator.kuberay import RayJobStatus, random_suffix
 from e2e.storage import claim_directory, sub_path
 from rlhf_operator.kube import Kube
 
@@ -105,6 +110,7 @@ class HeadPod:
         self.status = RayJobStatus(kube, namespace, rayjob_name)
         self.process: subprocess.Popen | None = None
         self.dashboard_port = 0
+        self.job_id = ""  # the submission id KubeRay chose (status.jobId)
         self.log = self.root / "ray-head.log"
 
     # --------------------------------------------------------------------------- what a kubelet does
@@ -227,7 +233,7 @@ class HeadPod:
             self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                                             env=self._env(), stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
-        self.status.initializing()
+        self.job_id = self.status.initializing(random_suffix(), random_suffix())["status"]["jobId"]
         self._wait_dashboard()
         return self
 
@@ -251,7 +257,7 @@ class HeadPod:
         while True:
             try:
                 return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
-                                              submission_id=f"{self.name}-e2e")
+                                              submission_id=self.job_id)
             except RuntimeError as error:
                 if "No available agent" not in str(error) or time.monotonic() > deadline:
                     raise
@@ -277,11 +283,18 @@ class HeadPod:
                 if state == "SUCCEEDED":
                     self.status.succeeded()
                 else:
-                    # KubeRay copies the Ray job's message into the RayJob (AppFailed).
-                    self.status.failed("AppFailed", info.message or "")
+                    # KubeRay copies the Ray job's message into the RayJob (AppFailed, or Retrying).
+                    self.status.ray_job_failed(info.message or "")
                 return state, logs
             time.sleep(1)
         raise TimeoutError(f"Ray job {job_id} did not finish in {timeout:.0f}s")
+
+    def retry(self) -> HeadPod:
+        """KubeRay's retry after `run_job` left the RayJob Retrying: a new head in place of this one."""
+        assert self.kube.get("RayJob", self.namespace, self.name)["status"]["jobDeploymentStatus"] == "Retrying"
+        self.stop()  # KubeRay deletes the failed attempt's RayCluster (and submitter) ...
+        self.status.retried()  # ... then resets the cluster and job fields: New
+        return HeadPod(self.cp, self.kube, self.core, self.namespace, self.name).start()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

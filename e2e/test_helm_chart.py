@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e.controlplane.binaries import built
+from e2e.controlplane.crds import install as install_crds
 from rlhf_operator import render
+
+pytestmark = pytest.mark.needs_build  # helm and CRDs from e2e/build/build.sh
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-operator"
@@ -24,6 +28,7 @@ VALUE_SETS = {
     "default": {},
     "scoped-and-annotated": {
         "watchNamespaces": ["team-a", "team-b"],
+        "replicas": 3,  # leader election (on by default) makes the standbys safe
         "image": {"repository": "registry.example.com/rlhf/operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "registry"}],
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}},
@@ -41,6 +46,7 @@ VALUE_SETS = {
         "crds": {"install": False},
         "createNamespace": True,
         "replicas": 0,
+        "leaderElection": {"enabled": False},
         "metricsPort": 9090,
         "healthPort": 9091,
         "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532,
@@ -48,15 +54,22 @@ VALUE_SETS = {
         "securityContext": {"runAsUser": 65532, "privileged": False},
         "podMonitor": {"enabled": True},
     },
+    "monitoring": {  # as kube-prometheus-stack's selectors and Grafana's sidecar want them
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, "interval": "1m",
+                           "scrapeTimeout": "20s"},
+        "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, "interval": "15s"},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack", "role": "alert-rules"},
+                           "thresholds": {"queuedMinutes": 600}},
+        "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1", "team": "ml-platform"},
+                             "annotations": {"grafana_folder": "RLHF"}},
+    },
 }
+MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 
 
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory):
-    subprocess.run([str(ROOT / "e2e" / "build" / "build.sh"), "helm"], check=True, capture_output=True)
-    paths = subprocess.run([str(ROOT / "e2e" / "build" / "build.sh"), "paths"], check=True,
-                           capture_output=True, text=True).stdout
-    binary = next(line.split("=", 1)[1] for line in paths.splitlines() if line.startswith("HELM="))
+    binary = built("helm", "HELM")
     home = tmp_path_factory.mktemp("helm-home")  # helm's config, cache and data stay out of $HOME
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_CACHE_HOME": str(home / "cache"), "HELM_DATA_HOME": str(home / "data")}
@@ -77,27 +90,35 @@ def values_file(tmp_path: Path, values: dict) -> str:
     return str(path)
 
 
-def served(cp, kind: str) -> bool:
-    out = cp.kubectl("api-resources", "--no-headers", "-o", "name", check=False).stdout
-    return any(line.split(".")[0] == kind.lower() + "s" for line in out.splitlines())
+@pytest.fixture(scope="module")
+def monitoring_crds(control_plane):
+    """The prometheus-operator's CRDs of the kinds the chart renders, from its pinned Go module
+    (build.sh prometheus-operator-crds), for this module's tests; removed after them."""
+    crds = Path(built("prometheus-operator-crds", "PROMETHEUS_OPERATOR_CRDS"))
+    files = [crds / f"monitoring.coreos.com_{kind.lower()}s.yaml" for kind in MONITORING_KINDS]
+    names = install_crds(control_plane, files)
+    yield control_plane
+    control_plane.kubectl("delete", "crd", *names, "--ignore-not-found")
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_chart_renders_objects_the_api_server_accepts(helm, control_plane, tmp_path, name):
+def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp_path, name):
+    control_plane = monitoring_crds
     values = values_file(tmp_path, VALUE_SETS[name])
     helm("lint", str(CHART), "-f", values, "--namespace", RELEASE_NS)
     rendered = helm("template", RELEASE, str(CHART), "-f", values, "--namespace", RELEASE_NS).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
-    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"} <= kinds
+    assert {"ServiceAccount", "Service", "Deployment"} <= kinds
+    # Scoped to namespaces: Roles there, nothing cluster-wide for the operator.
+    assert ("ClusterRoleBinding" in kinds) == (not VALUE_SETS[name].get("watchNamespaces"))
     assert ("CustomResourceDefinition" in kinds) == VALUE_SETS[name].get("crds", {}).get("install", True)
-    # The PodMonitor's CRD (prometheus-operator) is not on the test control plane.
-    checkable = [d for d in docs if d["kind"] != "PodMonitor" or served(control_plane, "PodMonitor")]
-    control_plane.kubectl("create", "namespace", RELEASE_NS, check=False)
+    for ns in [RELEASE_NS, *VALUE_SETS[name].get("watchNamespaces", [])]:  # the operator's Roles live there
+        control_plane.kubectl("create", "namespace", ns, check=False)
     result = control_plane.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server",
                                    "--field-manager", "helm-chart-test", "-f", "-",
-                                   input=yaml.safe_dump_all(checkable))
-    assert result.stdout.count("(server dry run)") == len(checkable), result.stdout
+                                   input=yaml.safe_dump_all(docs))
+    assert result.stdout.count("(server dry run)") == len(docs), result.stdout
 
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]
@@ -106,13 +127,16 @@ def test_chart_renders_objects_the_api_server_accepts(helm, control_plane, tmp_p
         assert pod["spec"]["containers"][0]["securityContext"] == {
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
         assert "priorityClassName" not in pod["spec"] and "annotations" not in pod["metadata"]
-        assert "env" not in pod["spec"]["containers"][0]  # jobs without an image get the release's trainer
+        env = pod["spec"]["containers"][0]["env"]
+        assert [e["name"] for e in env] == ["POD_NAMESPACE"]  # jobs without an image get the release's trainer
+        assert "--leader-elect" in pod["spec"]["containers"][0]["args"]
+        assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}  # standbys wait for the Lease
     if name == "scoped-and-annotated":
         assert pod["metadata"]["labels"]["team"] == "ml-platform"
         assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "rlhf-operator"
         assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
         assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
-        assert pod["spec"]["containers"][0]["env"] == [
+        assert pod["spec"]["containers"][0]["env"][1:] == [
             {"name": render.TRAINER_IMAGE_ENV, "value": "registry.example.com/rlhf/trainer:0.1.0"}]  # what render reads
         assert pod["spec"]["containers"][0]["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
         sa = next(d for d in docs if d["kind"] == "ServiceAccount")
@@ -122,6 +146,28 @@ def test_chart_renders_objects_the_api_server_accepts(helm, control_plane, tmp_p
         container = pod["spec"]["containers"][0]["securityContext"]  # merged over the defaults
         assert container["runAsUser"] == 65532 and container["capabilities"] == {"drop": ["ALL"]}
         assert "PodMonitor" in kinds and "Namespace" in kinds
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # no leader election: one at a time
+        assert "--leader-elect" not in pod["spec"]["containers"][0]["args"]
+    if name == "monitoring":
+        by_kind = {d["kind"]: d for d in docs if d["kind"] in MONITORING_KINDS}
+        assert set(by_kind) == set(MONITORING_KINDS)
+        for kind, doc in by_kind.items():
+            assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+            assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE, kind
+        service = next(d for d in docs if d["kind"] == "Service")
+        monitor = by_kind["ServiceMonitor"]["spec"]
+        assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert monitor["endpoints"] == [{"port": "metrics", "interval": "1m", "scrapeTimeout": "20s"}]
+        assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+        assert by_kind["PodMonitor"]["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "interval": "15s"}]
+        assert "> 600 * 60" in yaml.safe_dump(by_kind["PrometheusRule"]["spec"])
+        dashboard = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{RELEASE}-dashboard")
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert dashboard["metadata"]["labels"]["team"] == "ml-platform"
+        assert dashboard["metadata"]["annotations"] == {"grafana_folder": "RLHF"}
+        assert json.loads(dashboard["data"]["rlhf-operator.json"])["uid"] == "rlhf-operator"
+    if name == "default":
+        assert not kinds & {*MONITORING_KINDS, "ConfigMap"}  # monitoring is opt-in
 
 
 def test_chart_crd_is_the_generated_file_with_keep(helm):
@@ -142,11 +188,15 @@ def test_packaged_chart_carries_the_crd(helm, tmp_path):
 
 @pytest.mark.parametrize("values,field,message", [
     ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy", "Always"),
-    ({"replicas": 2}, "/replicas", "maximum"),
+    ({"replicas": 2, "leaderElection": {"enabled": False}}, "/replicas", "maximum"),  # two would reconcile twice
+    ({"leaderElection": {"enabled": True, "leaseDuration": 0}}, "/leaderElection/leaseDuration", "exclusiveMinimum"),
     ({"crds": {"install": "yes"}}, "/crds/install", "boolean"),
     ({"podLabels": {"tier": 1}}, "/podLabels/tier", "string"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0", "pattern"),
     ({"metricPort": 9090}, "metricPort", "additional properties"),
+    ({"serviceMonitor": {"interval": "30 seconds"}}, "/serviceMonitor/interval", "pattern"),
+    ({"prometheusRule": {"thresholds": {"queuedMinutes": 0}}}, "/prometheusRule/thresholds/queuedMinutes", "minimum"),
+    ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}, "/grafanaDashboard/labels/grafana_dashboard", "string"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm, tmp_path, values, field, message):
     path = values_file(tmp_path, values)

@@ -41,7 +41,8 @@ def test_operator_deployment_is_stored_with_a_hardened_pod(installed, kube_api):
     assert pod.service_account_name == "rlhf-operator"
     assert pod.security_context.run_as_non_root is True
     container = pod.containers[0]
-    assert container.args == ["--all-namespaces", "--metrics-port=8080", "--health-port=8081"]
+    assert container.args[:3] == ["--all-namespaces", "--metrics-port=8080", "--health-port=8081"]
+    assert "--leader-elect" in container.args  # replicas elect a leader on a Lease
     assert container.security_context.read_only_root_filesystem is True
     assert container.security_context.capabilities.drop == ["ALL"]
 

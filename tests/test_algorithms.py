@@ -15,6 +15,8 @@ GUARDS = {
     "has(self.data.prompts)": algorithms.ONLINE,
     "|| has(self.reward)": algorithms.ONLINE,
     "!has(self.reward)": algorithms.ONLINE,
+    "!has(self.environment)": algorithms.ONLINE,
+    "!has(self.evaluation)": algorithms.ONLINE,
     "rolloutBatchSize": algorithms.ONLINE,
     "has(self.data.preferences)": algorithms.reading("preferences"),
     "has(self.data.sft)": algorithms.reading("sft"),

@@ -140,3 +140,103 @@ def test_cli_validate_reports_unreadable_and_foreign_documents(tmp_path, capsys)
 def test_cli_crd_prints_the_checked_in_crd(capsys):
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == CRD_FILE.read_text()
+
+
+# Each case was checked against the real API server (e2e/test_admission_fuzz.py keeps checking it):
+# types are read as the CRD's structural schema reads them, not as pydantic would coerce them.
+TYPE_CASES = [
+    # (path below spec, value, accepted, value after defaulting)
+    (("backoffLimit",), True, False, None),  # a boolean is not an integer
+    (("training", "seed"), "1", False, None),  # nor is a string
+    (("training", "microTrainBatchSize"), 1.5, False, None),  # nor a fraction
+    (("training", "seed"), 7.0, True, 7),  # kubectl sends a whole YAML float as an integer
+    (("training", "seed"), 2**63, False, None),  # the API server's integers are int64
+    (("training", "seed"), 1e21, False, None),  # Go writes this one as 1e+21: a float
+    (("training", "zeroStage"), True, False, None),  # an integer enum too
+    (("training", "bf16"), 1, False, None),  # an integer is not a boolean
+    (("rollout", "enforceEager"), "true", False, None),  # nor is a string
+    (("training", "learningRate"), True, False, None),  # a boolean is not a number
+    (("rollout", "temperature"), 2, True, 2.0),  # an integer is a number
+    (("resources", "shmSize"), 8, False, None),  # a quantity is a string here, not int-or-string
+    (("training", "lrScheduler"), "linear", True, "linear"),  # enums take their strings
+]
+
+
+def _set(manifest: dict, path: tuple, value) -> None:
+    node = manifest["spec"]
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+
+
+@pytest.mark.parametrize("path,value,accepted,stored", TYPE_CASES, ids=lambda v: repr(v))
+def test_types_are_checked_as_the_api_server_checks_them(path, value, accepted, stored):
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, path, value)
+    if not accepted:
+        with pytest.raises(InvalidJob) as refused:
+            validate(manifest)
+        assert [e.path for e in refused.value.errors] == ["spec." + ".".join(path)]
+        return
+    node = validate(manifest).spec.model_dump(by_alias=True)
+    for part in path:
+        node = node[part]
+    assert node == stored and type(node) is type(stored)
+
+
+def test_type_errors_say_what_to_write():
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, ("training", "bf16"), "false")
+    _set(manifest, ("backoffLimit",), True)
+    with pytest.raises(InvalidJob) as refused:
+        validate(manifest)
+    messages = {e.path: e.message for e in refused.value.errors}
+    assert "write true or false unquoted" in messages["spec.training.bf16"]
+    assert "expected an integer" in messages["spec.backoffLimit"]
+
+
+def test_a_null_field_is_an_absent_one_as_the_api_server_prunes_it():
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, ("suspend",), None)
+    _set(manifest, ("checkpoint",), None)
+    _set(manifest, ("resources", "nodeSelector"), {"pool": None, "zone": "a"})
+    spec = validate(manifest).spec
+    assert spec.suspend is False and spec.checkpoint.keep == 3
+    assert spec.resources.node_selector == {"zone": "a"}
+    _set(manifest, ("algorithm",), None)  # a required one is missing, as on the server
+    with pytest.raises(InvalidJob, match="spec.algorithm: required field is missing"):
+        validate(manifest)
+
+
+def test_a_manifest_names_fields_in_camel_case_only():
+    """The API server refuses spec.training.micro_train_batch_size as an unknown field; so does
+    `rlhf validate` (Python code may still construct models by field name)."""
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, ("training", "micro_train_batch_size"), 2)
+    with pytest.raises(InvalidJob) as refused:
+        validate(manifest)
+    assert refused.value.errors[0].path == "spec.training.micro_train_batch_size"
+    assert "unknown field" in refused.value.errors[0].message
+
+
+def test_an_integer_beyond_int64_inside_a_kept_object_is_a_float_as_on_the_api_server():
+    """tolerations are kept as sent; the API server's decoder holds 2**70 there as a float64 (and
+    `rlhf validate` used to crash on it in the CEL library); in a typed integer field it is refused."""
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, ("resources", "tolerations"), [{"key": "a", "operator": "Exists", "tolerationSeconds": 2**70}])
+    assert validate(manifest).spec.resources.tolerations[0]["tolerationSeconds"] == float(2**70)
+    _set(manifest, ("training", "seed"), -(2**63) - 1)
+    with pytest.raises(InvalidJob, match="spec.training.seed: Input should fit in a 64-bit integer"):
+        validate(manifest)
+
+
+def test_a_rule_that_cannot_be_evaluated_refuses_the_job_as_the_api_server_does():
+    """rolloutBatchSize * samplesPerPrompt overflows int64: the API server answers "integer overflow
+    evaluating rule: ..." and refuses; `rlhf validate` used to crash in the CEL library."""
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    _set(manifest, ("training", "rolloutBatchSize"), 2**63 - 1)
+    with pytest.raises(InvalidJob) as refused:
+        validate(manifest)
+    (error,) = refused.value.errors
+    assert error.path == "spec" and "each rollout must split into whole optimizer steps" in error.message
+    assert "cannot be evaluated" in error.message

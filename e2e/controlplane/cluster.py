@@ -26,6 +26,8 @@ from .errors import ControlPlaneError
 from .process import Process, free_ports, prune, spawn, tail, wait_until
 from .state import load_state, save_state
 
+# What stop_component/start_component can restart (data dir and ports kept): component -> its start.
+RESTARTABLE = {"etcd": etcd.start, "kube-apiserver": apiserver.start}
 # Run dirs kept after failed sessions (under <cache>/e2e-runs), newest first.
 RUNS_KEPT = 8
 # Order of stopping: dependents first.
@@ -209,6 +211,20 @@ class ControlPlane:
             text = tail(proc.log, lines)
             print(f"----- {name} (pid {proc.pid}, {state}) {proc.log} -----\n{text}",
                   file=sys.stderr, flush=True)
+
+    # ----------------------------------------------------------------- faults
+    def stop_component(self, name: str) -> None:
+        """Stop etcd or kube-apiserver (the others keep running, as when that one crashes)."""
+        if name not in RESTARTABLE:
+            raise ControlPlaneError(f"cannot restart {name!r}, only {', '.join(RESTARTABLE)}")
+        self.processes.pop(name).stop()
+        self._save_state()
+
+    def start_component(self, name: str) -> None:
+        """Start a stopped etcd or kube-apiserver again on the same ports and data dir; return
+        once the API server answers /readyz (which needs etcd too)."""
+        RESTARTABLE[name](self)
+        self._wait(lambda: self._request("GET", "/readyz", ok=())[0] == 200, 120, "kube-apiserver /readyz")
 
     # ----------------------------------------------------------------- optional parts
     def _start_optional(self, name: str, target: str, start: Callable[[ControlPlane], None]

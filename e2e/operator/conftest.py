@@ -28,13 +28,18 @@ from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
 
 REPO = Path(__file__).resolve().parents[2]
+PORT_ATTEMPTS = 3
 
 
 class OperatorProcess:
     """One `rlhf operator` process at a time, watching one namespace; logs to a file per start."""
 
-    def __init__(self, control_plane: ControlPlane, namespace: str, log_dir: Path):
+    def __init__(self, control_plane: ControlPlane, namespace: str | None, log_dir: Path,
+                 kubeconfig: Path | None = None, verbose: bool = True):
+        """namespace None: the whole cluster; kubeconfig: other credentials than the admin's;
+        verbose: log every handler run (a benchmark turns it off, as a production install has it)."""
         self.control_plane, self.namespace, self.log_dir = control_plane, namespace, log_dir
+        self.kubeconfig, self.verbose = kubeconfig, verbose
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.metrics_port = self.health_port = 0
@@ -43,19 +48,30 @@ class OperatorProcess:
     def log(self) -> Path:
         return self.log_dir / f"operator-{self.starts}.log"
 
-    def start(self, **env: str) -> OperatorProcess:
+    def start(self, *args: str, **env: str) -> OperatorProcess:
+        """Start `rlhf operator` with these extra arguments and environment; return once /healthz answers."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        self.starts += 1
-        self.metrics_port, self.health_port = free_ports(2)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlhf_operator.cli", "operator", "--namespace", self.namespace,
-                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port), "--verbose"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                env=self.control_plane.env({**os.environ, **env}),
-            )
-        wait_for(self.healthy, 60, f"operator /healthz (log {self.log})")
-        return self
+        for _ in range(PORT_ATTEMPTS):
+            self.starts += 1
+            self.metrics_port, self.health_port = free_ports(2)
+            with open(self.log, "wb") as out:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "rlhf_operator.cli", "operator",
+                     *(["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]),
+                     "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
+                     *(["--verbose"] if self.verbose else []), *args],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                    env=self.control_plane.env({**os.environ, **env}) | (
+                        {"KUBECONFIG": str(self.kubeconfig)} if self.kubeconfig else {}),
+                )
+            try:
+                wait_for(self.healthy, 60, f"operator /healthz (log {self.log})")
+                return self
+            except AssertionError:
+                # A free port is free only until it is bound: another process may take it in between.
+                if self.proc.poll() is None or "address already in use" not in self.log.read_text().lower():
+                    raise
+        raise AssertionError(f"operator: its ports were taken {PORT_ATTEMPTS} times (log {self.log})")
 
     def healthy(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

@@ -7,7 +7,9 @@ status subresource, so the operator's reaction can be tested step by step:
 
     New -> Initializing (initRayJobStatusIfNeed) -> Running (job submitted; jobStatus from the
     dashboard) -> Complete / Failed (updateRayJobStatus sets endTime); Running/Initializing ->
-    Suspending -> Suspended (cluster fields reset) -> New on resume; Failed -> Retrying -> New.
+    Suspending -> Suspended (cluster fields reset) -> New on resume; Running -> Retrying (a failed
+    Ray job with attempts left: `ray_job_failed`) -> New (cluster fields reset, `retried`) ->
+    Initializing with a new cluster name and submission id.
 
 Tests that drive status this way must not have the real KubeRay operator running at the same
 time (it would write its own view); see the `kuberay_paused` fixture.
@@ -15,6 +17,8 @@ time (it would write its own view); see the `kuberay_paused` fixture.
 
 from __future__ import annotations
 
+import random
+import string
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,9 +36,11 @@ class RayJobStatus:
     def write(self, **fields: Any) -> dict[str, Any]:
         return self.kube.patch("RayJob", self.namespace, self.name, {"status": fields}, subresource="status")
 
-    def initializing(self) -> dict[str, Any]:
-        return self.write(jobDeploymentStatus="Initializing", jobStatus="", jobId=f"{self.name}-x7k2p",
-                          rayClusterName=f"{self.name}-abcde", startTime=_now())
+    def initializing(self, job_suffix: str = "x7k2p", cluster_suffix: str = "abcde") -> dict[str, Any]:
+        """The submission id (jobId) and cluster name are the RayJob's name and a suffix KubeRay draws
+        at random (`random_suffix`; fixed by default) on every attempt; startTime restarts too."""
+        return self.write(jobDeploymentStatus="Initializing", jobStatus="", jobId=f"{self.name}-{job_suffix}",
+                          rayClusterName=f"{self.name}-{cluster_suffix}", startTime=_now())
 
     def submitted(self) -> dict[str, Any]:
         return self.write(jobDeploymentStatus="Running", jobStatus="PENDING",
@@ -48,17 +54,43 @@ class RayJobStatus:
         return self.write(jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", reason="",
                           message="Job finished successfully.", endTime=_now(), succeeded=1)
 
-    def failed(self, reason: str, message: str) -> dict[str, Any]:
+    def failed(self, reason: str, message: str, count: int = 1) -> dict[str, Any]:
         return self.write(jobDeploymentStatus="Failed", jobStatus="FAILED", reason=reason, message=message,
-                          endTime=_now(), failed=1)
+                          endTime=_now(), failed=count)
+
+    def ray_job_failed(self, message: str) -> dict[str, Any]:
+        """The Ray job ended FAILED (AppFailed), with KubeRay's retry rule.
+
+        checkBackoffLimitAndUpdateStatusIfNeeded counts the attempt in status.failed and, while
+        failed < backoffLimit + 1, turns Failed into Retrying before the status is written: an attempt
+        that will be retried is never stored as Failed and gets no endTime.
+        """
+        ray_job = self.kube.get("RayJob", self.namespace, self.name)
+        count = ((ray_job.get("status") or {}).get("failed") or 0) + 1
+        if count >= ray_job["spec"].get("backoffLimit", 0) + 1:
+            return self.failed("AppFailed", message, count)
+        return self.write(jobDeploymentStatus="Retrying", jobStatus="FAILED", reason="AppFailed", message=message,
+                          failed=count)
 
     def suspending(self) -> dict[str, Any]:
         return self.write(jobDeploymentStatus="Suspending")
 
-    def suspended(self) -> dict[str, Any]:
-        # KubeRay resets the cluster and Ray job fields once the cluster is gone.
-        return self.write(jobDeploymentStatus="Suspended", jobStatus="", rayClusterName="", dashboardURL="",
+    def _released(self, deployment: str) -> dict[str, Any]:
+        # KubeRay resets the cluster and Ray job fields once the cluster is gone (Suspending and Retrying alike).
+        return self.write(jobDeploymentStatus=deployment, jobStatus="", rayClusterName="", dashboardURL="",
                           jobId="", reason="", message="")
+
+    def suspended(self) -> dict[str, Any]:
+        return self._released("Suspended")
+
+    def retried(self) -> dict[str, Any]:
+        """Retrying -> New once the failed attempt's cluster and submitter are deleted; status.failed is kept."""
+        return self._released("")
 
     def new(self) -> dict[str, Any]:
         return self.write(jobDeploymentStatus="", jobStatus="")
+
+
+def random_suffix() -> str:
+    """What KubeRay's GenerateRayJobId and GenerateRayClusterName append to the RayJob's name."""
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))

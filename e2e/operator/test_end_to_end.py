@@ -9,10 +9,13 @@ status KubeRay would (see that module for what it does not do).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from e2e.operator.jobs import events, get_job, wait_phase
 from e2e.operator.tiny import reward_config_map, run_head, tiny_job
@@ -45,6 +48,13 @@ def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(
     job_file = tiny_job(tmp_path, "tiny-grpo", reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models", "subPath": "team-a"}}, steps=STEPS,
                         checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": 2, "keep": 1})
+    # Evaluation (spec.evaluation): a held-out set after step 2 and after the last step, the best actor kept.
+    manifest = yaml.safe_load(job_file.read_text())
+    manifest["spec"]["evaluation"] = {
+        "datasets": [{"name": "letters", "labelKey": "label", "maxSamples": 16,
+                      "sources": manifest["spec"]["data"]["prompts"]["sources"]}],
+        "intervalSteps": 2, "samplesPerPrompt": 1, "temperature": 0.0, "bestMetric": "letters/mean_reward"}
+    job_file.write_text(yaml.safe_dump(manifest, sort_keys=False))
     control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
 
     state, logs = run_head(control_plane, kube, kube_api, namespace, "tiny-grpo")
@@ -60,10 +70,29 @@ def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(
     assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
     assert status["startTime"] and status["completionTime"]
 
+    # The evaluations: every one in metrics.jsonl (on the checkpoint volume), the last in the status.
+    run_dir = checkpoints / "tiny-grpo"
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if "eval/letters/mean_reward" in row]
+    assert [row["step"] for row in evals] == [2, STEPS]
+    shown = yaml.safe_load(control_plane.kubectl("-n", namespace, "get", "rlhfjob", "tiny-grpo", "-o", "yaml").stdout)
+    evaluation = shown["status"]["metrics"]["evaluation"]
+    assert evaluation["letters/mean_reward"] == pytest.approx(evals[-1]["eval/letters/mean_reward"])
+    assert evaluation["letters/pass@k"] == pytest.approx(evals[-1]["eval/letters/pass@k"])
+    best = max(evals, key=lambda row: row["eval/letters/mean_reward"])  # the first of equals is kept
+    assert evaluation["best/step"] == best["step"]
+    assert json.loads((run_dir / "best" / "best.json").read_text())["step"] == best["step"]
+
     # On the volume, under the job's name: the newest checkpoint (keep: 1) and the exported model.
     assert [p.name for p in checkpoints.iterdir()] == ["tiny-grpo"]
-    assert sorted(p.name for p in (checkpoints / "tiny-grpo").iterdir()) == ["final", f"step-{STEPS:08d}"]
+    assert sorted(p.name for p in (checkpoints / "tiny-grpo").iterdir()) == ["best", "final", "logs", f"step-{STEPS:08d}"]
     assert (checkpoints / "tiny-grpo" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
+    # TensorBoard beside them (checkpoint.path/logs): it outlives the head pod, every step and metric in it.
+    events = EventAccumulator(str(run_dir / "logs" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == list(range(1, STEPS + 1))
+    assert {"actor/grad_norm", "time/generation", "time/update", "time/weight_sync", "time/step"} <= set(
+        events.Tags()["scalars"])
 
     table = control_plane.kubectl("-n", namespace, "get", "rlhfjobs").stdout
     header, row = table.splitlines()[:2]

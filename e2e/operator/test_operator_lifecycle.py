@@ -51,7 +51,9 @@ def test_children_are_created_owned_and_pending(kube, namespace, operator, kuber
         "Ready": "False", "Running": "False", "Succeeded": "False", "Failed": "False", "Suspended": "False"}
     wait_for(lambda: "RayJobCreated" in event_reasons(kube, namespace, "tiny"), 30, "the RayJobCreated event")
     assert job["metadata"]["finalizers"] == ["rlhf.dev/finalizer"]
-    assert any(key.startswith("rlhf.dev/") for key in job["metadata"]["annotations"])
+    # kopf writes its annotations once the handler has returned, after the status: wait for them.
+    wait_for(lambda: any(key.startswith("rlhf.dev/") for key in
+                         get_job(kube, namespace, "tiny")["metadata"].get("annotations") or {}), 30, "kopf's annotations")
 
 
 def test_phases_conditions_events_and_times_follow_the_ray_job(kube, namespace, operator, kuberay_paused):

@@ -8,6 +8,7 @@ from kubernetes import client
 from e2e.controlplane import free_ports
 from e2e.operator.jobs import create_job, get_job, rlhf_job
 from rlhf_operator.kube import Kube
+from rlhf_trainer.backoff import Backoff
 from rlhf_trainer.kube_status import KubernetesStatusReporter
 
 
@@ -36,6 +37,7 @@ def test_progress_and_metrics_are_throttled_and_leave_the_operators_fields(job, 
     reporter = KubernetesStatusReporter("reported", namespace, client.CustomObjectsApi(api_client),
                                         min_interval=5.0, clock=clock)
     reporter.start(total_steps=10)
+    assert reporter.wait(30)  # the sender thread has delivered it
     status = get_job(job, namespace, "reported")["status"]
     assert status["progress"]["summary"] == "0/10" and status["phase"] == "Running"
 
@@ -43,12 +45,14 @@ def test_progress_and_metrics_are_throttled_and_leave_the_operators_fields(job, 
     reporter.log(1, {"reward_mean": 0.1, "kl": 0.01, "not_a_status_field": 3.0})
     clock.now += 1
     reporter.log(2, {"reward_mean": 0.2, "kl": 0.02})  # within 5 s of the last write: held back
+    assert reporter.wait(30)
     status = get_job(job, namespace, "reported")["status"]
     assert status["progress"]["step"] == 1 and status["metrics"] == {"rewardMean": 0.1, "kl": 0.01}
 
     clock.now += 10
     reporter.log(5, {"reward_mean": 0.5, "kl": 0.05})
     reporter.checkpoint(5, "/checkpoints/step-5")  # written at once
+    assert reporter.wait(30)
     status = get_job(job, namespace, "reported")["status"]
     assert status["progress"]["step"] == 5 and status["progress"]["percent"] == 50.0
     assert status["progress"]["etaSeconds"] >= 0
@@ -62,7 +66,9 @@ def test_progress_and_metrics_are_throttled_and_leave_the_operators_fields(job, 
     progress = get_job(job, namespace, "reported")["status"]["progress"]
     assert progress["step"] == 6 and progress["result"] == "Succeeded"  # the operator's evidence of the end
     reporter.start(total_steps=10)  # a retried attempt starts without the previous one's result
+    assert reporter.wait(30)
     assert "result" not in get_job(job, namespace, "reported")["status"]["progress"]
+    reporter.close()
     api_client.close()
 
 
@@ -73,7 +79,8 @@ def test_an_unreachable_api_server_never_stops_training(namespace):
     configuration.verify_ssl = False
     configuration.retries = 0
     reporter = KubernetesStatusReporter("reported", namespace, client.CustomObjectsApi(client.ApiClient(configuration)),
-                                        retries=2, retry_delay=0.01)
+                                        backoff=Backoff(base=0.01, cap=0.05))
     reporter.start(total_steps=3)  # no exception: reporting is best effort
     reporter.log(1, {"reward_mean": 0.1})
-    assert reporter.flush() is False and reporter.pending  # kept for the next attempt
+    assert not reporter.wait(timeout=0.5)  # still pending, retried in the background
+    reporter.close()

@@ -14,6 +14,8 @@ JOB_CONFIG_FILE = "job.yaml"
 JOB_CONFIG_PATH = f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}"
 # <source name>/ holds the files of a function reward source's ConfigMap.
 REWARD_FUNCTIONS_DIR = f"{JOB_CONFIG_DIR}/rewards"
+# ... and this one the files of the environment's ConfigMap (spec.environment.function.configMap).
+ENVIRONMENT_CODE_DIR = f"{JOB_CONFIG_DIR}/environment"
 # models.<field>.pvc is mounted (at its subPath) on MODELS_DIR/<field>; models.<field>.path is inside it.
 MODELS_DIR = "/mnt/models"
 
@@ -24,6 +26,18 @@ JOB_NAMESPACE_ENV = "RLHF_JOB_NAMESPACE"
 METRICS_PORT_ENV = "RLHF_METRICS_PORT"
 METRICS_PORT = 9400
 METRICS_PORT_NAME = "metrics"
+# The labels naming the RLHFJob on every per-job series, the trainer's and the operator's, so alerts
+# join the two (not `namespace`: Prometheus sets that to the scraped pod's own).
+METRIC_JOB_LABELS = ("rlhf_job", "rlhf_namespace")
+# spec.tracking's credentials, set from their Secrets by reference under the names the W&B and
+# MLflow clients read themselves (the trainer never handles the values).
+WANDB_API_KEY_ENV = "WANDB_API_KEY"
+MLFLOW_USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
+MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+MLFLOW_TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
+# The trainer's last stderr line when a run fails is "<job file>: RUN_FAILED<Error>: <what>"; the
+# operator finds it in the log tail KubeRay quotes and makes it the job's failure message.
+RUN_FAILED = "the run failed: "
 
 
 def reward_token_env(source_name: str) -> str:

@@ -6,9 +6,12 @@ fields as plain types, JSON-Schema-2020 exclusive bounds in their OpenAPI 3.0 fo
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, TypeAdapter
 
 from . import v1alpha1 as api
 
@@ -63,14 +66,48 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def openapi_schema(model: type) -> dict[str, Any]:
+def _submodels(annotation: Any, node: dict[str, Any]) -> list[tuple[type[BaseModel], dict[str, Any]]]:
+    """The API models inside a field's type, each with the schema node it became."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, node)]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return [found for arg in args if arg is not type(None) for found in _submodels(arg, node)]
+    if origin is list:
+        return _submodels(args[0], node.get("items", {}))
+    if origin is dict and isinstance(node.get("additionalProperties"), dict):
+        return _submodels(args[1], node["additionalProperties"])
+    return []
+
+
+def _with_model_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Every field's `default:` is what the model gives when the field is absent, whole (a section's
+    nested defaults included: the API server checks a default against the CEL rules as it is), so the
+    API server and the models default a job alike. Unset-means-None fields get no default."""
+    for name, field in model.model_fields.items():
+        node = schema["properties"][field.alias or name]
+        if not field.is_required():
+            value = field.get_default(call_default_factory=True)
+            if value is not None:
+                node["default"] = TypeAdapter(field.annotation).dump_python(
+                    value, mode="json", by_alias=True, exclude_none=True)
+        for submodel, subschema in _submodels(field.annotation, node):
+            _with_model_defaults(submodel, subschema)
+
+
+def openapi_schema(model: type[BaseModel], defaults: bool = True) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True)
-    return _structural(raw, raw.get("$defs", {}))
+    schema = _structural(raw, raw.get("$defs", {}))
+    if defaults:
+        _with_model_defaults(model, schema)
+    return schema
 
 
 def custom_resource_definition() -> dict[str, Any]:
     spec_schema = openapi_schema(api.RLHFJobSpec)
-    status_schema = openapi_schema(api.RLHFJobStatus)
+    # No defaults in status: it is what the operator and the trainer wrote, and a default would be
+    # added to every partial write (a trainer's progress patch would gain `conditions: []`).
+    status_schema = openapi_schema(api.RLHFJobStatus, defaults=False)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from . import v1alpha1 as api
 from .crd import CEL, openapi_schema
+from .v1alpha1.base import INT64
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,14 @@ class InvalidJob(ValueError):
 _HINTS = {
     "extra_forbidden": "unknown field: remove it or fix its spelling (`rlhf crd` or `kubectl explain rlhfjob.spec` lists the fields)",
     "missing": "required field is missing",
+    # Types are checked as the API server checks them: YAML's quotes and true/false matter.
+    "int_type": "expected an integer such as 4 (not true/false, not a quoted \"4\", no fraction): write the number unquoted",
+    "float_type": "expected a number such as 0.5 (not true/false, not quoted): write the number unquoted",
+    "bool_type": "expected true or false (not 1/0, not a quoted \"true\"): write true or false unquoted",
+    "string_type": "expected a string: quote the value (e.g. \"8\" for a quantity)",
+    "model_type": "expected an object (a mapping of field: value)",
+    "dict_type": "expected an object (a mapping of key: value)",
+    "list_type": "expected a list (- item lines, or [a, b])",
 }
 
 
@@ -46,8 +55,13 @@ def _path(loc: tuple[Any, ...]) -> str:
     return path
 
 
+@lru_cache(maxsize=1)
+def _job_schema() -> dict[str, Any]:
+    return openapi_schema(api.RLHFJob)
+
+
 def _description(loc: tuple[Any, ...]) -> str:
-    node = openapi_schema(api.RLHFJob)
+    node = _job_schema()
     for part in loc:
         node = node.get("items", {}) if isinstance(part, int) else node.get("properties", {}).get(part, {})
     return node.get("description", "")
@@ -68,6 +82,12 @@ def _cel_env() -> celpy.Environment:
     return celpy.Environment()
 
 
+def prepare() -> None:
+    """Build the CEL parser now (most of a second of CPU) rather than in the first validate(), where
+    concurrent callers (the operator's handler threads) would each build it."""
+    _cel_env()
+
+
 @lru_cache(maxsize=None)
 def _program(rule: str) -> Any:
     env = _cel_env()
@@ -77,10 +97,15 @@ def _program(rule: str) -> Any:
 def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[FieldError]:
     """Evaluate the schema's CEL rules on value and everything below it, as the API server does on create."""
     errors = []
-    for rule in schema.get(CEL, []):
-        if "oldSelf" in rule["rule"]:
-            continue  # transition rules only apply to updates
-        if not bool(_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})):
+    rules = [rule for rule in schema.get(CEL, []) if "oldSelf" not in rule["rule"]]  # transition rules: updates only
+    activation = {"self": celpy.json_to_cel(value)} if rules else {}
+    for rule in rules:
+        try:
+            holds = bool(_program(rule["rule"]).evaluate(activation))
+        except celpy.CELEvalError as error:  # e.g. an int64 overflow: the API server refuses the object too
+            errors.append(FieldError(path, f"{rule['message']} (the rule cannot be evaluated: {error.args[0]})"))
+            continue
+        if not holds:
             errors.append(FieldError(path + rule.get("fieldPath", ""), rule["message"]))
     if isinstance(value, dict):
         for name, child in value.items():
@@ -97,6 +122,28 @@ def _spec_schema() -> dict[str, Any]:
     return openapi_schema(api.RLHFJobSpec)
 
 
+def as_the_api_server_reads(value: Any, schema: dict[str, Any]) -> Any:
+    """value as the API server has it before it defaults and validates: it prunes the nulls of fields
+    (none of ours is nullable) and of map values, so a null field is an absent one; unknown fields
+    and the objects kept as sent (preserve-unknown-fields) keep theirs. Its JSON decoder reads an
+    integer beyond int64 as a float64: the models refuse one for an integer field, and inside kept
+    objects it becomes that float (the CEL library, too, holds integers as int64)."""
+    if isinstance(value, dict):
+        known, values = schema.get("properties"), schema.get("additionalProperties")
+        out = {}
+        for name, child in value.items():
+            # The schema of a field or map value (None: an unknown field, or inside a kept object).
+            child_schema = known.get(name) if known is not None else values if isinstance(values, dict) else None
+            if child is not None or child_schema is None:
+                out[name] = as_the_api_server_reads(child, child_schema or {})
+        return out
+    if isinstance(value, list):
+        return [as_the_api_server_reads(item, schema.get("items", {})) for item in value]
+    if type(value) is int and value not in INT64 and "type" not in schema:
+        return float(value)
+    return value
+
+
 def validate(obj: dict[str, Any]) -> api.RLHFJob:
     """Parse an RLHFJob manifest with defaults applied, or raise InvalidJob listing every problem."""
     if not isinstance(obj, dict):
@@ -106,7 +153,8 @@ def validate(obj: dict[str, Any]) -> api.RLHFJob:
             "apiVersion/kind", f"expected apiVersion: {api.API_VERSION} and kind: {api.KIND}, "
             f"got {obj.get('apiVersion')!r} / {obj.get('kind')!r}")])
     try:
-        job = api.RLHFJob.model_validate(obj)
+        # by_name=False: a manifest names fields by their camelCase names only, as the API server reads it.
+        job = api.RLHFJob.model_validate(as_the_api_server_reads(obj, _job_schema()), by_name=False)
     except ValidationError as error:
         raise InvalidJob(_schema_errors(error)) from None
     spec = job.spec.model_dump(by_alias=True, exclude_none=True)

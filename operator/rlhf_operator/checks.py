@@ -57,24 +57,23 @@ def check_gpus(spec: api.RLHFJobSpec) -> None:
             f"most {most} GPUs: set gpusPerNode to {most} or less and raise spec.resources.nodes instead")
 
 
-def check_reward_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
-    """waited: seconds since the job was created."""
+def check_code_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
+    """The ConfigMaps of reward functions and of the environment; waited: seconds since the job was created."""
     namespace = job.metadata["namespace"]
-    for source in job.spec.reward.sources if job.spec.reward else []:
-        name = source.function.config_map if source.function else None
-        if not name or config_map_exists(name):
+    for code in job.spec.code_config_maps():
+        if config_map_exists(code.name):
             continue
-        missing = (f"reward source {source.name!r} loads its code from ConfigMap {name!r}, which does not exist in "
+        missing = (f"{code.owner} loads its code from ConfigMap {code.name!r}, which does not exist in "
                    f"namespace {namespace}")
-        create = f"kubectl -n {namespace} create configmap {name} --from-file=<your reward .py files>"
+        create = f"kubectl -n {namespace} create configmap {code.name} --from-file=<your .py files>"
         if waited < DEPENDENCY_WAIT_SECONDS:
-            raise Waiting("RewardConfigMapNotFound", f"{missing} yet: waiting up to {DEPENDENCY_WAIT_SECONDS}s "
+            raise Waiting(code.missing_reason, f"{missing} yet: waiting up to {DEPENDENCY_WAIT_SECONDS}s "
                           f"after creation for it to appear ({create})")
-        raise Unrealisable("RewardConfigMapNotFound", f"{missing} after {DEPENDENCY_WAIT_SECONDS}s: create it "
+        raise Unrealisable(code.missing_reason, f"{missing} after {DEPENDENCY_WAIT_SECONDS}s: create it "
                            f"({create}), then delete and re-create this RLHFJob")
 
 
 def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
     """Every check, cheapest first; raises Unrealisable (or Waiting) on the first that fails."""
     check_gpus(job.spec)
-    check_reward_config_maps(job, config_map_exists, waited)
+    check_code_config_maps(job, config_map_exists, waited)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,7 +51,11 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from rlhf_trainer.tiny import build_tiny_model  # the trainer stack (torch, transformers) only when asked
 
-    print(build_tiny_model(args.dir, kind=args.kind, seed=args.seed))
+    try:
+        print(build_tiny_model(args.dir, kind=args.kind, seed=args.seed, shape=args.shape))
+    except ValueError as error:  # an unknown shape: the names live with the shapes, in rlhf_trainer.tiny
+        print(f"rlhf tiny-model: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -60,13 +65,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(args.file, output_dir=args.output_dir, address=args.address, num_cpus=args.num_cpus)
 
 
+def operator_options(args: argparse.Namespace):
+    from .leader import Elector, Timing
+    from .runner import Options
+
+    elector = None
+    if args.leader_elect:
+        namespace = args.leader_elect_resource_namespace or _own_namespace()
+        if not namespace:
+            raise SystemExit("rlhf operator: --leader-elect needs --leader-elect-resource-namespace "
+                             "(or POD_NAMESPACE, or an in-cluster service account)")
+        timing = Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                        args.leader_elect_retry_period)
+        elector = Elector(namespace, args.leader_elect_resource_name, timing=timing)
+    return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector)
+
+
+def _own_namespace() -> str | None:
+    """The namespace the operator runs in: the downward API's POD_NAMESPACE, else its service account's."""
+    token_namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    return token_namespace.read_text().strip() if token_namespace.exists() else None
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .runner import run
 
-    return run(args.namespace, args.metrics_port, args.health_port, verbose=args.verbose)
+    return run(operator_options(args))
 
 
 def parser() -> argparse.ArgumentParser:
+    from .leader import Timing
+
     root = argparse.ArgumentParser(prog="rlhf", description="RLHF and RL post-training jobs on Kubernetes (RLHFJob).")
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -85,6 +116,8 @@ def parser() -> argparse.ArgumentParser:
     tiny.add_argument("--kind", choices=["causal-lm", "reward"], default="causal-lm",
                       help="causal-lm (actor/reference) or reward (one-label classifier: reward model, critic)")
     tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed (%(default)s)")
+    tiny.add_argument("--shape", default="tiny",
+                      help="a Qwen2 shape named in rlhf_trainer.tiny.SHAPES (%(default)s; an unknown name lists them)")
     tiny.set_defaults(func=cmd_tiny_model)
 
     operator = commands.add_parser(
@@ -97,13 +130,28 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (%(default)s)")
     operator.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port, /healthz (%(default)s)")
     operator.add_argument("--verbose", action="store_true", help="log every handler run")
+    timing = Timing()
+    election = operator.add_argument_group(
+        "leader election", "with --leader-elect, replicas share a coordination.k8s.io Lease and only its holder "
+        "reconciles (the others wait as standbys); the flags are kube-controller-manager's")
+    election.add_argument("--leader-elect", action="store_true", help="run as one of several replicas")
+    election.add_argument("--leader-elect-resource-name", default="rlhf-operator", metavar="NAME",
+                          help="the Lease's name (%(default)s)")
+    election.add_argument("--leader-elect-resource-namespace", metavar="NS",
+                          help="the Lease's namespace (default: POD_NAMESPACE, else the pod's own namespace)")
+    election.add_argument("--leader-elect-lease-duration", type=float, default=timing.lease_duration, metavar="SECONDS",
+                          help="how long standbys wait after the last renewal they saw before taking over (%(default)s)")
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=timing.renew_deadline, metavar="SECONDS",
+                          help="the leader stops when it could not renew for this long (%(default)s)")
+    election.add_argument("--leader-elect-retry-period", type=float, default=timing.retry_period, metavar="SECONDS",
+                          help="between renewals and acquisition attempts (%(default)s)")
     operator.set_defaults(func=cmd_operator)
 
     run = commands.add_parser(
         "run", help="run an RLHFJob on Ray: a private local instance (CPU or local GPUs), or the cluster in RAY_ADDRESS",
         description="Exit status 0 when the run finished, 1 when it failed, 2 when the job file is invalid.")
     run.add_argument("file", metavar="FILE", help="RLHFJob YAML file; relative paths in it are relative to it")
-    run.add_argument("--output-dir", help="metrics.jsonl, tensorboard/, and relative checkpoint paths (default: runs/<job name>)")
+    run.add_argument("--output-dir", help="the base of a relative checkpoint.path, under which the run writes its checkpoints, final model and logs/ (metrics.jsonl, tensorboard/); default: runs/<job name>")
     run.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance)")
     run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
     run.set_defaults(func=cmd_run)

@@ -10,6 +10,11 @@
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
 - Every RLHFJob event: the jobs-by-phase metric.
 
+Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
+our RayJobs, and the pods of our Ray clusters that show a problem. A new job's RayJob is not in
+its index, so it is created without a read first; a RayJob event finds its RLHFJob in its index (a
+stale copy costs a conflict and a read: status writes are conditional, see reconcile.record).
+
 The timer and the daemon make kopf put the finalizer rlhf.dev/finalizer on RLHFJobs (so it can
 stop them before the object goes): deleting a job while no operator runs waits for one.
 """
@@ -23,41 +28,76 @@ import kopf
 
 from . import lifecycle, metrics, pods, reconcile
 from . import settings as operator_settings
+from rlhf_api import validation
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
 from .status import finished
 
 RESYNC_SECONDS = 120
-DEFAULT_METRICS_PORT = 8080
 DEADLINE_RECHECK_SECONDS = 30
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     operator_settings.configure(settings)
-    metrics.serve(memo.get("metrics_port", DEFAULT_METRICS_PORT))
+    validation.prepare()
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+async def rlhf_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    return {(namespace, name): reconcile.watched_copy(body)}
+
+
+@kopf.index("ray.io", "v1", "rayjobs")
+async def ray_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    return {(namespace, name): reconcile.watched_copy(body)}
+
+
+@kopf.index("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT, pods.CLUSTER_LABEL: kopf.PRESENT},
+            when=lambda body, **_: pods.pod_problem([body]) is not None)
+async def stuck_pods(namespace: str, name: str, labels: kopf.Labels, status: kopf.Status,
+                     **_: Any) -> dict[tuple[str, str], dict]:
+    return {(namespace, labels[pods.CLUSTER_LABEL]): {"metadata": {"name": name}, "status": dict(status)}}
+
+
+class Watched(reconcile.Reads):
+    """reconcile's reads answered from the indexes: None for what the watches have not seen."""
+
+    def __init__(self, kwargs: dict[str, Any]):
+        self.jobs, self.ray_jobs, self.stuck_pods = kwargs["rlhf_jobs"], kwargs["ray_jobs"], kwargs["stuck_pods"]
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(self.jobs.get((namespace, name), ())), None)
+
+    def ray_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(self.ray_jobs.get((namespace, name), ())), None)
+
+    def pod_problem(self, namespace: str, cluster: str) -> tuple[str, str] | None:
+        return pods.pod_problem(list(self.stuck_pods.get((namespace, cluster), ())))
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile_job(body: kopf.Body, **_: Any) -> None:
+def reconcile_job(body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("reconcile"):
-        reconcile.reconcile(body)
+        reconcile.reconcile(body, Watched(kwargs))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
             when=lambda status, **_: not finished(status))
-def resync_job(body: kopf.Body, **_: Any) -> None:
+def resync_job(body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("resync"):
-        reconcile.reconcile(body)
+        reconcile.reconcile(body, Watched(kwargs))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1,
-             when=lambda spec, status, **_: lifecycle.seconds_until_expiry(spec, status, lifecycle.now()) is not None)
+             when=lambda spec, status, annotations, **_: lifecycle.seconds_until_expiry(
+                 spec, status, lifecycle.now(), annotations) is not None)
 async def delete_after_ttl(name: str, namespace: str, uid: str, spec: kopf.Spec, status: kopf.Status,
-                           **_: Any) -> None:
-    await asyncio.sleep(max(0.0, lifecycle.seconds_until_expiry(spec, status, lifecycle.now()) or 0.0))
+                           annotations: kopf.Annotations, **_: Any) -> None:
+    left = lifecycle.seconds_until_expiry(spec, status, lifecycle.now(), annotations)
+    await asyncio.sleep(max(0.0, left or 0.0))
     with metrics.measured("ttl"):
         await asyncio.to_thread(reconcile.expire, namespace, name, uid)
 
@@ -76,21 +116,22 @@ async def enforce_deadline(name: str, namespace: str, uid: str, spec: kopf.Spec,
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs")
-def follow_ray_job(type: str | None, body: kopf.Body, **_: Any) -> None:
+def follow_ray_job(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("rayjob-event"):
-        reconcile.on_ray_job_event(type, body)
+        reconcile.on_ray_job_event(type, body, Watched(kwargs))
 
 
 @kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT},
                when=lambda body, **_: pods.pod_problem([body]) is not None)
-def follow_stuck_pod(body: kopf.Body, **_: Any) -> None:
+def follow_stuck_pod(body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("pod-event"):
-        reconcile.on_stuck_pod(body)
+        reconcile.on_stuck_pod(body, Watched(kwargs))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def count_job(type: str | None, uid: str, status: kopf.Status, **_: Any) -> None:
+async def count_job(type: str | None, uid: str, namespace: str, name: str, status: kopf.Status, **_: Any) -> None:
+    # async: a few dict operations, run on the event loop rather than sent to a handler thread on every event
     if type == "DELETED":
         metrics.JOBS.gone(uid)
     else:
-        metrics.JOBS.seen(uid, status.get("phase"))
+        metrics.JOBS.seen(uid, namespace, name, status)

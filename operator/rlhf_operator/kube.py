@@ -16,6 +16,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_api import v1alpha1 as api
+from .settings import HANDLER_THREADS
 
 # kind -> (API path prefix, plural)
 RESOURCES = {
@@ -25,7 +26,8 @@ RESOURCES = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayJob": ("/apis/ray.io/v1", "rayjobs"),
     "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up
-    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),  # Kueue's admission unit of a queued RayJob
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),  # leader election among replicas  # Kueue's admission unit of a queued RayJob
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
 MERGE_PATCH = "application/merge-patch+json"
@@ -42,6 +44,8 @@ class Kube:
             k8s_config.load_incluster_config(client_configuration=configuration)
         else:
             k8s_config.load_kube_config(client_configuration=configuration)
+        # A connection for each handler thread at least (the default is 5 per CPU).
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, HANDLER_THREADS)
         return cls(k8s.ApiClient(configuration))
 
     def _request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,

@@ -56,11 +56,18 @@ def parse(timestamp: str) -> datetime:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
 
 
-def seconds_until_expiry(spec: dict[str, Any], status: dict[str, Any] | None, now: datetime) -> float | None:
-    """Seconds until a finished job's TTL runs out (<= 0: delete it now); None: it never expires."""
+# Argo CD marks what it syncs with this annotation (its default tracking method since 3.0). Deleting
+# such a job would be undone by auto-sync, which would create it again and rerun it.
+ARGOCD_TRACKING = "argocd.argoproj.io/tracking-id"
+
+
+def seconds_until_expiry(spec: dict[str, Any], status: dict[str, Any] | None, now: datetime,
+                         annotations: dict[str, str] | None = None) -> float | None:
+    """Seconds until a finished job's TTL runs out (<= 0: delete it now); None: it never expires
+    (no TTL, not finished yet, or synced by Argo CD: Git decides when it goes)."""
     ttl = spec.get("ttlSecondsAfterFinished")
     completed = (status or {}).get("completionTime")
-    if ttl is None or not finished(status) or not completed:
+    if ttl is None or not finished(status) or not completed or ARGOCD_TRACKING in (annotations or {}):
         return None
     return ttl - (now - parse(completed)).total_seconds()
 

@@ -1,48 +1,92 @@
-"""The operator's Prometheus metrics: jobs by phase, reconcile durations, errors by kind."""
+"""The operator's Prometheus metrics: jobs by phase, each job's phase and since when, reconcile durations,
+errors by kind."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import kopf
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rlhf_api import contract
+
 PHASES = ("Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
+JOB_PHASE = "rlhf_job_phase"
+JOB_PHASE_ENTERED = "rlhf_job_phase_entered_timestamp_seconds"
 
 RECONCILE_SECONDS = Histogram(
     "rlhf_operator_reconcile_duration_seconds", "Time spent in one handler run, by handler.", ["handler"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+LEADER = Gauge("rlhf_operator_leader", "1 on the replica that reconciles (holds the leader Lease), 0 on a standby.")
 ERRORS = Counter("rlhf_operator_errors_total", "Handler runs that raised, by exception kind.", ["kind"])
 
 
+@dataclass(frozen=True)
+class JobState:
+    namespace: str
+    name: str
+    phase: str
+    reason: str
+    entered: float  # Unix time the job entered this phase
+
+
 class JobsByPhase(Collector):
-    """rlhf_operator_jobs{phase}: counted at scrape time from the phase of every RLHFJob seen."""
+    """Counted at scrape time from the status of every RLHFJob seen: rlhf_operator_jobs{phase}, and
+    per job its phase and reason and when it entered that phase (what the stuck-job alerts measure)."""
 
     def __init__(self) -> None:
-        self._phases: dict[str, str] = {}  # uid -> phase
+        self._jobs: dict[str, JobState] = {}  # uid -> state
         self._lock = threading.Lock()
 
-    def seen(self, uid: str, phase: str | None) -> None:
+    def seen(self, uid: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        phase = status.get("phase") or "Pending"  # not reconciled yet
         with self._lock:
-            self._phases[uid] = phase or "Pending"  # not reconciled yet
+            old = self._jobs.get(uid)
+            entered = old.entered if old and old.phase == phase else phase_entered(phase, status)
+            self._jobs[uid] = JobState(namespace, name, phase, status.get("reason") or "", entered)
 
     def gone(self, uid: str) -> None:
         with self._lock:
-            self._phases.pop(uid, None)
+            self._jobs.pop(uid, None)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
-            counts = Tally(self._phases.values())
+            jobs = list(self._jobs.values())
+        counts = Tally(job.phase for job in jobs)
         family = GaugeMetricFamily("rlhf_operator_jobs", "RLHFJobs by phase.", labels=["phase"])
         for phase in PHASES:
             family.add_metric([phase], counts.get(phase, 0))
         yield family
+        # Labelled as the trainer's series are (contract.METRIC_JOB_LABELS: job name, then namespace).
+        current = GaugeMetricFamily(JOB_PHASE, "1 per RLHFJob, labelled with its status.phase and status.reason.",
+                                    labels=[*contract.METRIC_JOB_LABELS, "phase", "reason"])
+        entered = GaugeMetricFamily(JOB_PHASE_ENTERED, "Unix time each RLHFJob entered its current phase.",
+                                    labels=[*contract.METRIC_JOB_LABELS, "phase"])
+        for job in jobs:
+            current.add_metric([job.name, job.namespace, job.phase, job.reason], 1)
+            entered.add_metric([job.name, job.namespace, job.phase], job.entered)
+        yield current
+        yield entered
+
+
+def phase_entered(phase: str, status: Mapping[str, Any]) -> float:
+    """When the job entered phase: the lastTransitionTime of its true condition of the same name
+    (Running, Succeeded, Failed, Suspended), so an operator restart keeps it; Pending and
+    Provisioning have no condition of their own, so for them it is when this process first saw it."""
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == phase and condition.get("status") == "True":
+            return datetime.fromisoformat(condition["lastTransitionTime"]).timestamp()
+    return time.time()
 
 
 JOBS = JobsByPhase()

@@ -1,9 +1,11 @@
 """Bring one RLHFJob's world in line with its spec; level-triggered and safe to kill at any line.
 
-Every step reads what exists before it writes, children have deterministic names and are
-created in order (the RayJob last), and status writes are conditional on the resourceVersion
-they were computed from, so a run interrupted anywhere is finished by the next one: after a
-restart the same state results, with one of each child.
+Children have deterministic names and are created in order (the RayJob last), each created first
+and read only when the API server answers that it exists (409), so its owner can be checked; status
+writes are conditional on the resourceVersion they were computed from, so a run interrupted
+anywhere is finished by the next one: after a restart the same state results, with one of each
+child. What the operator's watches know (handlers.py's indexes) stands in for reads: a stale copy
+costs a conflict and a read, never a wrong write.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -34,6 +37,26 @@ STATUS_WRITE_ATTEMPTS = 5
 DEPENDENCY_RETRY_SECONDS = 15  # how often a job waiting for a ConfigMap looks again
 KUBERAY_RETRY_SECONDS = 30  # ... for the RayJob API to be served or to accept the RayJob
 _warned_invalid: set[tuple[str, int | None]] = set()  # (uid, generation): SpecNoLongerValid posted once each
+VALIDATED_KEPT = 4096  # (uid, generation) -> validate()'s verdict, newest kept: a spec is checked once
+_validated: dict[tuple[str, int | None], api.RLHFJob | InvalidJob] = {}
+
+
+class Reads:
+    """Where the handlers learn what exists: here the API server; handlers.Watched answers the same
+    questions from the operator's watches (kopf indexes) instead, None for what they have not seen."""
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return kube.client().get(api.KIND, namespace, name)
+
+    def ray_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return kube.client().get("RayJob", namespace, name)
+
+    def pod_problem(self, namespace: str, cluster: str) -> tuple[str, str] | None:
+        """The first problem of the Ray cluster's pods (pods.pod_problem)."""
+        return pods.pod_problem(kube.client().list("Pod", namespace, f"{pods.CLUSTER_LABEL}={cluster}"))
+
+
+API = Reads()
 
 
 def crash_point(step: str) -> None:
@@ -54,24 +77,50 @@ def _manifest(body: Any) -> dict[str, Any]:
     }
 
 
+def watched_copy(obj: Any) -> dict[str, Any]:
+    """What an index keeps of a watched object: what the handlers read, without the bulk
+    (managedFields, kopf's annotations, a RayJob's pod templates)."""
+    meta = {key: value for key, value in obj["metadata"].items() if key not in ("managedFields", "annotations")}
+    spec = {key: value for key, value in (obj.get("spec") or {}).items()
+            if key not in ("rayClusterSpec", "submitterPodTemplate")}
+    return {**obj, "metadata": meta, "spec": spec}
+
+
+def _validated_job(body: Any) -> api.RLHFJob:
+    """validate() of the job's spec (it evaluates the CRD's CEL rules: tens of ms), once per generation."""
+    meta = body["metadata"]
+    key = (meta["uid"], meta.get("generation"))
+    if key not in _validated:
+        try:
+            _validated[key] = validate(_manifest(body))
+        except InvalidJob as invalid:
+            _validated[key] = invalid
+        if len(_validated) > VALIDATED_KEPT:
+            del _validated[next(iter(_validated))]
+    verdict = _validated[key]
+    if isinstance(verdict, InvalidJob):
+        raise verdict
+    return verdict
+
+
 def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
 def ensure(child: dict[str, Any], owner_uid: str) -> dict[str, Any]:
-    """The child as it exists, created if missing. A same-named object of someone else is not ours to use."""
+    """The child as it exists, created if missing. A same-named object of someone else is not ours to use.
+
+    Created first: a new job's children do not exist yet, so a read first would be wasted on each."""
     client = kube.client()
     meta = child["metadata"]
+    try:
+        return client.create(child)
+    except ApiException as error:
+        if error.status != 409:
+            raise
     existing = client.get(child["kind"], meta["namespace"], meta["name"])
     if existing is None:
-        try:
-            return client.create(child)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            existing = client.get(child["kind"], meta["namespace"], meta["name"])
-            if existing is None:
-                raise kopf.TemporaryError(f"{child['kind']} {meta['name']} is being deleted", delay=2) from None
+        raise kopf.TemporaryError(f"{child['kind']} {meta['name']} is being deleted", delay=2)
     if _owned_by(existing, owner_uid):
         return existing
     if any(ref.get("kind") == api.KIND for ref in existing["metadata"].get("ownerReferences") or []):
@@ -83,11 +132,13 @@ def ensure(child: dict[str, Any], owner_uid: str) -> dict[str, Any]:
         "delete it, or re-create the job under another name")
 
 
-def record(body: Any, observation: status.Observation, generation: int | None) -> None:
+def record(body: Any, observation: status.Observation, generation: int | None,
+           observe_again: Callable[[Any], status.Observation] | None = None) -> None:
     """Write the status fields the operator owns, then post an Event if the phase or reason moved.
 
     The write is a merge patch of our fields only (the trainer's progress and metrics stay), made
-    conditional on the resourceVersion it was computed from; on a conflict it is recomputed.
+    conditional on the resourceVersion it was computed from; on a conflict it is recomputed, from
+    observe_again(the job as it is now) if given (what was observed may be as old as the job was).
     """
     client = kube.client()
     meta = body["metadata"]
@@ -108,6 +159,8 @@ def record(body: Any, observation: status.Observation, generation: int | None) -
             if body is None or body["metadata"]["uid"] != meta["uid"]:
                 return  # deleted meanwhile
             meta = body["metadata"]
+            if observe_again is not None:
+                observation = observe_again(body)
             continue
         crash_point("status")
         moved = status.transition(current, desired, warning=observation.warning)
@@ -128,21 +181,27 @@ def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
     raise kopf.TemporaryError(message, delay=retry_seconds)
 
 
-def mirror(body: Any, ray_job: dict[str, Any], generation: int | None) -> None:
+def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API) -> None:
     """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
-    or its pods (starting). generation: the spec generation the RayJob was brought in line with."""
-    spec, client = body["spec"], kube.client()
+    or its pods (starting). generation: the spec generation the RayJob was brought in line with.
+    On a conflict the RayJob is read again too: a newer status may have been written from a newer copy."""
+    namespace, name = ray_job["metadata"]["namespace"], ray_job["metadata"]["name"]
+    record(body, _observation(body, ray_job, reads), generation,
+           lambda job: _observation(job, API.ray_job(namespace, name) or ray_job, API))
+
+
+def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Observation:
+    spec = body["spec"]
     observation = status.observe(ray_job, suspend=spec.get("suspend", False), queue_name=spec.get("queueName"))
     if observation.reason == "Queued":
-        observation = observation.with_queue_reason(kueue.waiting_reason(kueue.workload(client, ray_job)))
-    elif observation.phase in ("Pending", "Provisioning"):
+        return observation.with_queue_reason(kueue.waiting_reason(kueue.workload(kube.client(), ray_job)))
+    if observation.phase in ("Pending", "Provisioning"):
         problem = pods.cluster_problem(ray_job)
         cluster = (ray_job.get("status") or {}).get("rayClusterName")
         if problem is None and cluster:
-            found = client.list("Pod", ray_job["metadata"]["namespace"], f"{pods.CLUSTER_LABEL}={cluster}")
-            problem = pods.pod_problem(found)
-        observation = observation.with_pod_problem(problem)
-    record(body, observation, generation)
+            problem = reads.pod_problem(ray_job["metadata"]["namespace"], cluster)
+        return observation.with_pod_problem(problem)
+    return observation
 
 
 def _age_seconds(meta: dict[str, Any]) -> float:
@@ -181,16 +240,18 @@ def _reported_end(body: Any) -> tuple[str, str] | None:
     return result, f"The trainer reported the run {result.lower()} at step {progress.get('summary', '?')}; its RayJob is gone"
 
 
-def reconcile(body: Any) -> None:
+def reconcile(body: Any, reads: Reads = API) -> None:
     """Check the job, create what is missing, align the RayJob's lifecycle fields, mirror status."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp") or status.finished(body.get("status")):
         return
     client = kube.client()
     namespace = meta["namespace"]
-    ray_job = client.get("RayJob", namespace, names.ray_job(meta["name"]))
+    ray_job = reads.ray_job(namespace, names.ray_job(meta["name"]))
+    if ray_job is not None and not _owned_by(ray_job, meta["uid"]):
+        ray_job = None  # someone else's, or a deleted same-named job's: ensure() below says which
     try:
-        job = validate(_manifest(body))
+        job = _validated_job(body)
     except InvalidJob as invalid:
         problems = "; ".join(str(error) for error in invalid.errors)
         if ray_job is None:
@@ -202,7 +263,7 @@ def reconcile(body: Any) -> None:
             _warned_invalid.add((meta["uid"], meta.get("generation")))
             kopf.warn(body, reason="SpecNoLongerValid", message=f"this operator version would refuse the spec "
                       f"({problems}); the running job continues: fix the spec before you create the next one")
-        mirror(body, ray_job, None)
+        mirror(body, ray_job, None, reads)
         return
     if ray_job is None and (ended := _reported_end(body)) is not None:
         record(body, status.Observation(ended[0], "RayJobGone", ended[1]), meta.get("generation"))
@@ -212,13 +273,15 @@ def reconcile(body: Any) -> None:
         stop_at_deadline(body, ray_job)
         return
     try:
+        # Children are created before the RayJob, so while it exists they were made (one deleted out
+        # of band since is made again with the RayJob, not on every reconcile).
         if ray_job is None:
             checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name), waited=_age_seconds(meta))
-        for child in render.supporting_children(job):
-            ensure(child, meta["uid"])
-            crash_point(child["kind"])
-        ray_job = _create_ray_job(body, job)
-        crash_point("RayJob")
+            for child in render.supporting_children(job):
+                ensure(child, meta["uid"])
+                crash_point(child["kind"])
+            ray_job = _create_ray_job(body, job)
+            crash_point("RayJob")
     except checks.Waiting as waiting:
         wait(body, waiting.reason, waiting.message, DEPENDENCY_RETRY_SECONDS)
     except checks.Unrealisable as bad:
@@ -229,7 +292,7 @@ def reconcile(body: Any) -> None:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
     if job.spec.queue_name:
         _align_workload(client, job.spec, ray_job)
-    mirror(body, ray_job, meta.get("generation"))
+    mirror(body, ray_job, meta.get("generation"), reads)
 
 
 def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> None:
@@ -265,29 +328,36 @@ def deadline_passed(namespace: str, name: str, uid: str) -> None:
         stop_at_deadline(body, kube.client().get("RayJob", namespace, names.ray_job(name)))
 
 
-def on_stuck_pod(pod: Any) -> None:
-    """A pod of one of our Ray clusters cannot start: mirror now, with its reason, if the job waits on it."""
+def job_of_pod(pod: Any) -> str:
+    """The name of the RLHFJob a pod of our Ray clusters belongs to."""
     meta = pod["metadata"]
-    job_name = (meta.get("annotations") or {}).get(names.JOB_ANNOTATION) or meta["labels"][names.JOB_LABEL]
-    body = kube.client().get(api.KIND, meta["namespace"], job_name)
+    return (meta.get("annotations") or {}).get(names.JOB_ANNOTATION) or meta["labels"][names.JOB_LABEL]
+
+
+def on_stuck_pod(pod: Any, reads: Reads = API) -> None:
+    """A pod of one of our Ray clusters cannot start: mirror now, with its reason, if the job waits on it."""
+    namespace = pod["metadata"]["namespace"]
+    body = reads.job(namespace, job_of_pod(pod))
     if body is None or body["metadata"].get("deletionTimestamp") or status.finished(body.get("status")):
         return
-    ray_job = kube.client().get("RayJob", meta["namespace"], names.ray_job(body["metadata"]["name"]))
+    ray_job = reads.ray_job(namespace, names.ray_job(body["metadata"]["name"]))
     if ray_job is not None:
-        mirror(body, ray_job, None)
+        mirror(body, ray_job, None, reads)
 
 
-def on_ray_job_event(event_type: str | None, ray_job: Any) -> None:
+def on_ray_job_event(event_type: str | None, ray_job: Any, reads: Reads = API) -> None:
     """Follow a RayJob of ours: mirror its status into its RLHFJob, or recreate it if it was deleted."""
     ray_meta = ray_job["metadata"]
     owner = next((ref for ref in ray_meta.get("ownerReferences") or [] if ref.get("kind") == api.KIND), None)
     if owner is None:
         return
-    body = kube.client().get(api.KIND, ray_meta["namespace"], owner["name"])
+    if event_type == "DELETED":  # what follows may recreate the RayJob: read the job fresh
+        reads = API
+    body = reads.job(ray_meta["namespace"], owner["name"])
     if body is None or body["metadata"]["uid"] != owner["uid"] or body["metadata"].get("deletionTimestamp"):
         return  # the job is gone or going; the garbage collector takes care of the rest
     if event_type != "DELETED":
-        mirror(body, dict(ray_job), None)
+        mirror(body, dict(ray_job), None, reads)
         return
     if status.ray_job_finished(ray_job) and not status.finished(body.get("status")):
         # Deleted after it finished (KubeRay's deletion policy, or by hand) before its end was mirrored:
@@ -303,7 +373,7 @@ def on_ray_job_event(event_type: str | None, ray_job: Any) -> None:
         kopf.event(body, type="Warning", reason="RayJobDeleted",
                    message=f"RayJob {ray_meta['name']} was deleted out of band; recreating it "
                            "(the run resumes from the newest checkpoint)")
-        reconcile(body)
+        reconcile(body, reads)
 
 
 def expire(namespace: str, name: str, uid: str) -> None:

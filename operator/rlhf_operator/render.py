@@ -107,17 +107,21 @@ def role_binding(job: api.RLHFJob) -> dict[str, Any]:
 
 
 def _trainer_env(job: api.RLHFJob) -> list[dict[str, Any]]:
-    """Env of every Ray container: who the job is, reward tokens by reference, then the user's."""
+    """Env of every Ray container: who the job is, reward tokens and tracker credentials by reference
+    (a Secret's value never enters the job's objects), then the user's."""
     env = [
         {"name": contract.JOB_NAME_ENV, "value": job.metadata["name"]},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:
-            ref = source.http.auth_secret_ref
-            env.append({"name": contract.reward_token_env(source.name),
-                        "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+            env.append(_from_secret(contract.reward_token_env(source.name), source.http.auth_secret_ref))
+    env += [_from_secret(name, ref) for name, ref in job.spec.tracking.secret_env().items()]
     return env
+
+
+def _from_secret(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
 def _merge_env(ours: list[dict[str, Any]], user: list[api.EnvVar]) -> list[dict[str, Any]]:
@@ -145,18 +149,16 @@ def _volumes(job: api.RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
         {"name": "job-config", "configMap": {"name": names.config_map(job.metadata["name"])}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
     ]
-    # job.yaml is mounted by subPath so that /etc/rlhf stays a plain directory: reward ConfigMaps
+    # job.yaml is mounted by subPath so that /etc/rlhf stays a plain directory: code ConfigMaps
     # are mounted below it, and a mount point cannot be created inside a read-only ConfigMap volume.
     mounts = [
         {"name": "job-config", "mountPath": contract.JOB_CONFIG_PATH, "subPath": contract.JOB_CONFIG_FILE,
          "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
-    functions = [s for s in (spec.reward.sources if spec.reward else []) if s.function and s.function.config_map]
-    for index, source in enumerate(functions):
-        volumes.append({"name": f"reward-fn-{index}", "configMap": {"name": source.function.config_map}})
-        mounts.append({"name": f"reward-fn-{index}", "mountPath": f"{contract.REWARD_FUNCTIONS_DIR}/{source.name}",
-                       "readOnly": True})
+    for index, code in enumerate(spec.code_config_maps()):
+        volumes.append({"name": f"code-{index}", "configMap": {"name": code.name}})
+        mounts.append({"name": f"code-{index}", "mountPath": code.mount_dir, "readOnly": True})
     for role_name, model in spec.models:
         if model is not None and model.pvc is not None:
             volumes.append({"name": f"model-{role_name}",
@@ -187,10 +189,20 @@ def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict
     return {key: value for key, value in fields.items() if value}
 
 
+# PodSecurity "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards): no root (the
+# trainer image runs as uid 1000), the runtime's seccomp profile, no capabilities, no privilege escalation.
+def _pod_security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
     """A pod of the job: its image pull secrets and priority, then `fields` (volumes, placement...)."""
     resources = job.spec.resources
-    pod: dict[str, Any] = {"containers": containers}
+    pod: dict[str, Any] = {"containers": containers, "securityContext": _pod_security()}
     if resources.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": secret} for secret in resources.image_pull_secrets]
     if resources.priority_class_name:
@@ -214,7 +226,7 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
         "env": _merge_env(env, resources.env),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": _container_security(),
     }
     if resources.env_from:
         container["envFrom"] = list(resources.env_from)
@@ -253,7 +265,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
         "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
         "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": _container_security(),
     }
     return {
         "metadata": names.pod_metadata(job.metadata["name"], "submitter"),
@@ -301,7 +313,8 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     container = _container(job, "ray-worker", env, mounts, limits)
     if resources.rdma:
         # RDMA registers (pins) memory, which needs IPC_LOCK.
-        container["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
+        # PodSecurity "restricted" refuses it: such jobs need a namespace at "baseline" or above.
+        container["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
 
     nodes = resources.nodes
     return {

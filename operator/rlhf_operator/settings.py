@@ -10,6 +10,9 @@ import kopf
 from rlhf_api import v1alpha1 as api
 from .names import JOB_LABEL, LABEL_MANAGED_BY, MANAGED_BY
 
+# Threads running the sync handlers; kube.py's connection pool has at least as many connections,
+# so no handler opens (and TLS-handshakes) a connection that the full pool then throws away.
+HANDLER_THREADS = 8
 PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name
 FINALIZER = f"{PREFIX}/finalizer"
 
@@ -33,7 +36,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = (1, 2, 5, 10, 30, 60)
     settings.execution.default_backoff = 10  # retry of a failed handler (API errors, conflicts)
-    settings.execution.max_workers = 8  # threads for the sync handlers
+    settings.execution.max_workers = HANDLER_THREADS
 
     # Events only from explicit kopf.event() calls (one per status transition), not from logs.
     settings.posting.loggers = False

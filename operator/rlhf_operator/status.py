@@ -24,7 +24,10 @@ The trainer's fields (progress, metrics, lastCheckpoint) are never part of any o
 | Running                          | terminal        | Running      | Finishing                     |
 | Retrying                         | any             | Provisioning | Retrying                      |
 
-While KubeRay retries (status.failed > 0) every message says which attempt of how many it is.
+A failed run's message is the trainer's failure line (contract.RUN_FAILED) when the log tail KubeRay
+quotes has one, else KubeRay's message; Events are cut to the API's 1,024 characters.
+While KubeRay retries (status.failed > 0) every message says which attempt of how many it is; the
+failed attempt itself (Retrying) is a Warning with the trainer's failure line.
 While the Ray cluster starts, what its pods are waiting for (unschedulable, image pull...) is the
 reason and message (`Observation.with_pod_problem`).
 
@@ -42,6 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rlhf_api import contract
+
 TERMINAL = ("Succeeded", "Failed")
 CONDITION_TYPES = ("Ready", "Running", "Succeeded", "Failed", "Suspended")
 TRUE_CONDITIONS = {
@@ -58,6 +63,7 @@ OWNED_FIELDS = (
     "dashboardURL", "startTime", "completionTime",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+EVENT_MESSAGE_LIMIT = 1024  # the Events API refuses longer messages
 # A false condition that the phase does not explain: (reason, message).
 NEUTRAL = {
     "Succeeded": ("NotFinished", "The job has not finished"),
@@ -98,6 +104,12 @@ class Transition:
     message: str
 
 
+def _trainer_failure(kuberay_message: str) -> str:
+    """The trainer's own failure line from the log tail KubeRay quotes, without the job file's name."""
+    said = [line for line in kuberay_message.splitlines() if contract.RUN_FAILED in line]
+    return said[-1].split(contract.RUN_FAILED, 1)[1].strip() if said else ""
+
+
 def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -> tuple[str, str, str]:
     name = ray_job["metadata"]["name"]
     status = ray_job.get("status") or {}
@@ -112,7 +124,10 @@ def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) 
     if deployment == "Complete" and job_status == "STOPPED":
         return "Failed", "Stopped", f"The training job was stopped before it finished. {kuberay_message}".strip()
     if deployment in ("Complete", "Failed"):
-        detail = kuberay_message or f"KubeRay marked RayJob {name} {deployment} (Ray job status {job_status or 'unknown'})"
+        said = _trainer_failure(kuberay_message)
+        detail = (f"{said} (the log tail: kubectl get rayjob {name} -o jsonpath='{{.status.message}}')" if said
+                  else kuberay_message or
+                  f"KubeRay marked RayJob {name} {deployment} (Ray job status {job_status or 'unknown'})")
         return "Failed", kuberay_reason or "RayJobFailed", f"Training failed: {detail}"
     if deployment == "ValidationFailed":
         return "Failed", "RayJobInvalid", f"KubeRay rejected RayJob {name}: {kuberay_message}"
@@ -144,10 +159,9 @@ def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) 
         case "Running":
             return "Provisioning", "SubmittingJob", f"Ray cluster {cluster} is ready; the training job is submitted and starting"
         case "Retrying":
-            attempts = (ray_job.get("spec") or {}).get("backoffLimit", 0) + 1
+            said = _trainer_failure(kuberay_message) or kuberay_message  # observe says which attempt
             return ("Provisioning", "Retrying",
-                    f"The run failed ({status.get('failed', 1)} of {attempts} attempts); retrying on a new Ray cluster "
-                    f"from the newest checkpoint. {kuberay_message}".strip())
+                    f"Retrying on a new Ray cluster from the newest checkpoint; the last attempt failed: {said}")
     return ("Provisioning", "UnknownRayJobState",
             f"KubeRay reports jobDeploymentStatus {deployment!r}, which this operator does not know")
 
@@ -170,6 +184,7 @@ def observe(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -
         dashboard_url=status.get("dashboardURL") or None,
         started_at=status.get("startTime"),
         finished_at=status.get("endTime"),
+        warning=status.get("jobDeploymentStatus") == "Retrying",  # an attempt failed
     )
 
 
@@ -235,7 +250,10 @@ def transition(current: dict[str, Any], desired: dict[str, Any], warning: bool =
     if (current.get("phase"), current.get("reason")) == (desired["phase"], desired["reason"]):
         return None
     kind = "Warning" if warning or desired["phase"] == "Failed" else "Normal"
-    return Transition(kind, desired["reason"], desired["message"])
+    message = desired["message"]
+    if len(message) > EVENT_MESSAGE_LIMIT:  # a log tail: its end is the news
+        message = "..." + message[-(EVENT_MESSAGE_LIMIT - 3):]
+    return Transition(kind, desired["reason"], message)
 
 
 def finished(status: dict[str, Any] | None) -> bool:

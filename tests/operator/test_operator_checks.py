@@ -25,6 +25,16 @@ def test_plausible_gpu_requests_pass(resources):
     checks.check(as_job(tiny(resources=resources)), lambda name: True, waited=0)
 
 
+def test_a_missing_environment_config_map_is_waited_for_like_a_reward_s():
+    job = load_example("tiny-multiturn-cpu-job.yaml")
+    job["spec"]["environment"]["function"]["configMap"] = "guess-game"
+    with pytest.raises(checks.Waiting) as waiting:
+        checks.check(as_job(job), lambda name: False, waited=0)
+    assert waiting.value.reason == "EnvironmentConfigMapNotFound"
+    assert "the environment loads its code from ConfigMap 'guess-game'" in waiting.value.message
+    checks.check(as_job(job), lambda name: name == "guess-game", waited=0)
+
+
 def test_a_missing_reward_config_map_is_waited_for_then_refused_naming_it():
     """kubectl apply -f dir/ applies in name order: the ConfigMap may come after the job."""
     job = as_job(load_example("grpo-job.yaml"))

@@ -9,38 +9,53 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlhf_operator import metrics, settings
-from rlhf_operator.cli import main
+from rlhf_operator.cli import operator_options, parser
+from rlhf_operator.leader import Timing
 
 
-@pytest.fixture
-def kopf_run(monkeypatch) -> dict:
-    called: dict = {}
-    monkeypatch.setattr(kopf, "run", lambda **kwargs: called.update(kwargs))
-    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
-    return called
+def options(*argv: str):
+    args = parser().parse_args(["operator", *argv])
+    return operator_options(args)
 
 
-def test_default_is_cluster_wide_with_the_default_ports(kopf_run):
-    assert main(["operator"]) == 0
-    assert kopf_run["clusterwide"] is True and list(kopf_run["namespaces"]) == []
-    assert kopf_run["liveness_endpoint"] == "http://0.0.0.0:8081/healthz"
-    assert kopf_run["memo"]["metrics_port"] == 8080
-    assert main(["operator", "--all-namespaces"]) == 0
-    assert kopf_run["clusterwide"] is True
+def test_default_is_cluster_wide_with_the_default_ports_and_no_election():
+    got = options()
+    assert got.namespaces == [] and (got.metrics_port, got.health_port) == (8080, 8081)
+    assert got.elector is None
+    assert options("--all-namespaces").namespaces == []
 
 
-def test_namespaces_and_ports(kopf_run):
-    assert main(["operator", "--namespace", "team-a", "--namespace", "team-b",
-                 "--metrics-port", "9000", "--health-port", "9001"]) == 0
-    assert kopf_run["clusterwide"] is False
-    assert kopf_run["namespaces"] == ["team-a", "team-b"]
-    assert kopf_run["liveness_endpoint"] == "http://0.0.0.0:9001/healthz"
-    assert kopf_run["memo"]["metrics_port"] == 9000
+def test_namespaces_and_ports():
+    got = options("--namespace", "team-a", "--namespace", "team-b", "--metrics-port", "9000", "--health-port", "9001")
+    assert got.namespaces == ["team-a", "team-b"] and (got.metrics_port, got.health_port) == (9000, 9001)
 
 
-def test_namespace_and_all_namespaces_exclude_each_other(kopf_run, capsys):
+def test_namespace_and_all_namespaces_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
-        main(["operator", "--namespace", "a", "--all-namespaces"])
+        options("--namespace", "a", "--all-namespaces")
+
+
+def test_leader_election_takes_the_pods_namespace_and_client_go_timing(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "rlhf-system")
+    elector = options("--leader-elect").elector
+    assert (elector.namespace, elector.name) == ("rlhf-system", "rlhf-operator")
+    assert elector.timing == Timing(lease_duration=15, renew_deadline=10, retry_period=2)
+    elector = options("--leader-elect", "--leader-elect-resource-namespace", "ops", "--leader-elect-resource-name",
+                      "ours", "--leader-elect-lease-duration", "4", "--leader-elect-renew-deadline", "3",
+                      "--leader-elect-retry-period", "0.5").elector
+    assert (elector.namespace, elector.name, elector.timing) == ("ops", "ours", Timing(4, 3, 0.5))
+
+
+def test_leader_election_refuses_inconsistent_timing(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "rlhf-system")
+    with pytest.raises(ValueError, match="renew deadline < lease duration"):
+        options("--leader-elect", "--leader-elect-renew-deadline", "20")
+
+
+def test_leader_election_needs_a_namespace(monkeypatch):
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit, match="--leader-elect-resource-namespace"):
+        options("--leader-elect")
 
 
 def test_settings_use_our_prefix_and_bounded_watches():
@@ -62,12 +77,12 @@ def sample(name: str, labels: dict) -> float | None:
 
 def test_jobs_by_phase_counts_each_job_once():
     jobs = metrics.JobsByPhase()
-    jobs.seen("a", None)
-    jobs.seen("b", "Running")
-    jobs.seen("a", "Running")
-    jobs.seen("c", "Failed")
+    jobs.seen("a", "ns", "a", {})
+    jobs.seen("b", "ns", "b", {"phase": "Running"})
+    jobs.seen("a", "ns", "a", {"phase": "Running"})
+    jobs.seen("c", "ns", "c", {"phase": "Failed"})
     jobs.gone("c")
-    [family] = jobs.collect()
+    family = next(jobs.collect())
     counts = {s.labels["phase"]: s.value for s in family.samples}
     assert counts == {"Pending": 0, "Provisioning": 0, "Running": 2, "Succeeded": 0, "Failed": 0, "Suspended": 0}
 

@@ -70,6 +70,13 @@ def test_no_expiry_without_ttl_or_before_the_end(spec, status):
     assert lifecycle.seconds_until_expiry(spec, status, NOW) is None
 
 
+def test_no_expiry_of_a_job_argo_cd_syncs():
+    """Auto-sync would recreate a deleted job and run it again: Git decides when it goes."""
+    spec, argocd = {"ttlSecondsAfterFinished": 0}, {lifecycle.ARGOCD_TRACKING: "ml:rlhf.dev/RLHFJob:team-a/ppo"}
+    assert lifecycle.seconds_until_expiry(spec, finished_at(30), NOW, argocd) is None
+    assert lifecycle.seconds_until_expiry(spec, finished_at(30), NOW, {"other": "x"}) == -30
+
+
 def started(seconds_ago: int, phase: str = "Running") -> dict:
     return {"phase": phase, "startTime": lifecycle.timestamp(NOW - timedelta(seconds=seconds_ago))}
 

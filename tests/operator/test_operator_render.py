@@ -205,13 +205,13 @@ def test_rdma_adds_the_resource_ipc_lock_and_nccl_settings_to_workers():
         "socketIfname": "net1", "gdrLevel": "SYS", "gidIndex": 3, "ncclDebug": "INFO"}})
     head, worker = head_and_worker(render.ray_job(as_job(doc)))
     assert container(worker)["resources"]["limits"]["rdma/rdma_shared_device_a"] == "2"
-    assert container(worker)["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    assert container(worker)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     assert {k: v for k, v in env(worker).items() if k.startswith("NCCL_")} == {
         "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "net1", "NCCL_NET_GDR_LEVEL": "SYS",
         "NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "INFO"}
     assert not any(k.startswith("NCCL_") for k in env(head))
     plain_worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8}))))[1]
-    assert "capabilities" not in container(plain_worker)["securityContext"]
+    assert container(plain_worker)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not any(k.startswith("NCCL_") for k in env(plain_worker))
     assert not any(k.startswith("rdma/") for k in container(plain_worker)["resources"]["limits"])
 
@@ -305,3 +305,38 @@ def test_a_job_without_an_image_gets_the_installation_s_trainer_image(monkeypatc
         assert template["spec"]["containers"][0]["image"] == "registry.corp/rlhf-trainer:2.1"
     own = render.ray_job(as_job(tiny(resources={"image": "mine:1"})))
     assert head_and_worker(own)[0]["template"]["spec"]["containers"][0]["image"] == "mine:1"
+
+
+def test_tracker_credentials_are_secret_references_never_values():
+    wandb_key = {"name": "wandb", "key": "api-key"}
+    user, password = {"name": "mlflow", "key": "user"}, {"name": "mlflow", "key": "password"}
+    job = as_job(tiny(tracking={
+        "wandb": {"project": "rlhf", "apiKeySecret": wandb_key},
+        "mlflow": {"trackingUri": "https://mlflow.example", "usernameSecret": user, "passwordSecret": password},
+    }))
+    expected = {contract.WANDB_API_KEY_ENV: wandb_key, contract.MLFLOW_USERNAME_ENV: user,
+                contract.MLFLOW_PASSWORD_ENV: password}
+    for group in head_and_worker(render.ray_job(job)):
+        variables = {var["name"]: var for var in container(group)["env"]}
+        for name, ref in expected.items():
+            assert variables[name] == {"name": name, "valueFrom": {"secretKeyRef": ref}}
+        assert contract.MLFLOW_TOKEN_ENV not in variables  # no tokenSecret, no variable
+    # The trainer's config names the Secrets (its run config shows them) and holds no credential.
+    config = yaml.safe_load(render.config_map(job)["data"][contract.JOB_CONFIG_FILE])
+    assert config["spec"]["tracking"]["wandb"]["apiKeySecret"] == wandb_key
+    assert not any(name in render.config_map(job)["data"][contract.JOB_CONFIG_FILE] for name in expected)
+
+
+def test_a_job_without_trackers_gets_no_tracker_variables():
+    names_set = {var["name"] for group in head_and_worker(render.ray_job(as_job(tiny()))) for var in container(group)["env"]}
+    assert not names_set & {contract.WANDB_API_KEY_ENV, contract.MLFLOW_USERNAME_ENV, contract.MLFLOW_PASSWORD_ENV,
+                            contract.MLFLOW_TOKEN_ENV}
+
+
+def test_an_environment_config_map_is_mounted_where_the_trainer_looks():
+    job = load_example("tiny-multiturn-cpu-job.yaml")
+    job["spec"]["environment"]["function"]["configMap"] = "guess-game"
+    ray_job = render.ray_job(as_job(job))
+    for group in head_and_worker(ray_job):
+        mount = next(m for m in container(group)["volumeMounts"] if m["mountPath"] == contract.ENVIRONMENT_CODE_DIR)
+        assert volumes(group)[mount["name"]]["configMap"] == {"name": "guess-game"} and mount["readOnly"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlhf_api import contract
 from rlhf_operator import status
 
 T0, T1, T2 = "2026-11-22T10:00:00Z", "2026-11-22T10:05:00Z", "2026-11-22T11:00:00Z"
@@ -53,6 +54,29 @@ def test_failure_carries_kuberay_reason_and_message():
     assert observed.message == "Training failed: The RayJob has passed the activeDeadlineSeconds."
     bare = status.observe(ray_job("Failed", "FAILED"), suspend=False, queue_name=None)
     assert bare.reason == "RayJobFailed" and "RayJob ppo" in bare.message
+
+
+def test_a_failed_run_is_summed_up_by_the_trainers_failure_line():
+    # KubeRay's AppFailed message carries up to 20,000 characters of the driver's log tail; the
+    # trainer's last line says what broke. The status quotes that line and points at the tail, and
+    # the Event stays within the API's 1,024 characters (kopf drops a longer one, so no Event at all).
+    tail = "\n".join(f"(ModelWorker pid={pid}) Loading weights: 100%" for pid in range(400))
+    said = f"/etc/rlhf/job.yaml: {contract.RUN_FAILED}RewardError: reward source 'letter' failed: label set is empty"
+    message = (f"Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
+               f"\n{said}\n{tail}")
+    observed = status.observe(ray_job("Failed", "FAILED", reason="AppFailed", message=message),
+                              suspend=False, queue_name=None)
+    assert observed.message.startswith("Training failed: RewardError: reward source 'letter' failed: label set is empty")
+    assert "kubectl get rayjob ppo" in observed.message and len(observed.message) < 1024
+    failed = status.next_status({}, observed, T0, 1)
+    event = status.transition({"phase": "Running", "reason": "Training"}, failed)
+    assert event.message == observed.message
+
+    unknown = status.observe(ray_job("Failed", "FAILED", reason="AppFailed", message=tail),
+                             suspend=False, queue_name=None)  # no trainer line: the tail, cut to fit an Event
+    event = status.transition({}, status.next_status({}, unknown, T0, 1))
+    assert len(event.message) <= status.EVENT_MESSAGE_LIMIT and event.message.endswith("Loading weights: 100%")
+    assert unknown.message == f"Training failed: {tail}"  # the status keeps all of it
 
 
 def test_queued_job_waits_for_kueue():
@@ -171,6 +195,20 @@ def test_a_false_condition_does_not_borrow_the_phase_reason():
     assert conditions(starting)["Ready"]["reason"] == "StartingRayCluster"  # why it is not ready
     [failed] = walk((ray_job("Failed", "FAILED", reason="AppFailed"), T1))
     assert conditions(failed)["Succeeded"]["reason"] == conditions(failed)["Failed"]["reason"] == "AppFailed"
+
+
+def test_a_failed_attempt_kuberay_retries_is_a_warning_with_the_trainers_failure_line():
+    # Retrying carries the same log tail as Failed: the Event (cut to 1,024 characters) must still
+    # say which attempt comes next and what broke, as a Warning.
+    tail = "\n".join(f"(ModelWorker pid={pid}) Loading weights: 100%" for pid in range(400))
+    said = f"/etc/rlhf/job.yaml: {contract.RUN_FAILED}ActorDiedError: The actor died unexpectedly"
+    retrying = ray_job("Retrying", "FAILED", reason="AppFailed", failed=1, message=f"exit code 1\n{said}\n{tail}")
+    observed = status.observe(retrying, suspend=False, queue_name=None)
+    assert observed.warning and observed.message.startswith("Attempt 2 of 3 (1 failed): Retrying on a new Ray cluster")
+    assert observed.message.endswith("ActorDiedError: The actor died unexpectedly")
+    event = status.transition({"phase": "Running", "reason": "Training"}, status.next_status({}, observed, T0, 1),
+                              warning=observed.warning)
+    assert (event.type, event.message) == ("Warning", observed.message)
 
 
 @pytest.mark.parametrize("deployment, reason", [("", "Retrying"), ("Initializing", "StartingRayCluster"),

@@ -233,6 +233,25 @@ def test_gae_returns_are_not_whitened():
     assert not torch.allclose(adv_w, adv_raw)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_observation_tokens_between_turns_are_not_steps(name):
+    """A multi-turn episode's observation tokens (action_mask 0 between policy tokens) leave every
+    estimator's result on the policy's tokens as if they were not there, with gamma and lambda < 1."""
+    inputs, _ = make_inputs(2, 2, 6, seed=3)
+    inputs.action_mask[:] = True
+    cfg = AdvantageConfig(gamma=0.9, lambd=0.8, whiten=False)
+    gap = torch.tensor([True, True, False, False, False, True, True, True, True])  # 3 observation tokens
+    spread = AdvantageInputs(
+        rewards=inputs.rewards, action_mask=gap.expand(4, -1).clone(), n_samples_per_prompt=2,
+        kl_penalty=inputs.kl_penalty.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.kl_penalty),
+        values=inputs.values.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.values) + 5 * ~gap)
+    expected = compute_advantages(name, inputs, cfg)
+    got = compute_advantages(name, spread, cfg)
+    for wanted, found in zip(expected, got):
+        torch.testing.assert_close(found[:, gap], wanted, atol=ATOL, rtol=0)
+        assert not found[:, ~gap].any()
+
+
 # ---------------------------------------------------------------------------------------------
 # the Experience record that carries advantages into the update
 # ---------------------------------------------------------------------------------------------

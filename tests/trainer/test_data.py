@@ -167,10 +167,11 @@ def test_labels_are_none_without_a_label_key(tokenizer, tmp_path):
 
 def test_missing_keys_name_the_key_and_the_record(tokenizer, tmp_path):
     write_jsonl(tmp_path / "p.jsonl", [*RECORDS[:2], {"question": "no answer here"}])
-    with pytest.raises(ValueError, match=r"prompts record 2 has no key 'answer' \(it has 'question'\): set data.prompts's keys"):
+    with pytest.raises(ValueError, match=r"data.prompts.sources\[0\] \(p.jsonl\) record 3: no key 'answer' "
+                                         r"\(data.prompts.labelKey\); it has 'question': set data.prompts.labelKey"):
         load(tokenizer, prompts_spec("p.jsonl"), tmp_path)
     spec = DatasetSpec.model_validate({"sources": [{"path": "p.jsonl"}], "inputKey": "prompt"})
-    with pytest.raises(ValueError, match="prompts record 0 has no key 'prompt'"):
+    with pytest.raises(ValueError, match=r"record 1: no key 'prompt' \(data.prompts.inputKey\)"):
         load(tokenizer, spec, tmp_path)
 
 
@@ -207,7 +208,7 @@ def test_a_mixture_from_two_files(tokenizer, tmp_path):
 
 def test_an_empty_source_is_refused(tokenizer, tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match="'empty.jsonl' has no records"):
+    with pytest.raises(ValueError, match=r"data.prompts.sources\[0\] \(empty.jsonl\) has no records"):
         load(tokenizer, prompts_spec("empty.jsonl"), tmp_path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 
 from rlhf_trainer.prometheus import PrometheusReporter
@@ -45,3 +46,22 @@ def test_in_a_pod_the_job_comes_from_the_operator_s_environment(monkeypatch):
     reporter = PrometheusReporter.from_environment()
     reporter.start(total_steps=5)
     assert 'rlhf_total_steps{rlhf_job="ppo-llama",rlhf_namespace="ml"} 5.0' in generate_latest(reporter.registry).decode()
+
+
+def test_progress_time_moves_with_the_start_each_step_and_each_checkpoint():
+    """What the no-progress alert reads: set when the exporter starts (models may still be loading),
+    then at the run's start, every step and every checkpoint."""
+    reporter = PrometheusReporter(None, job="tiny-grpo", namespace="team-a")
+
+    def progress() -> float:
+        return reporter.registry.get_sample_value(
+            "rlhf_last_progress_timestamp_seconds", {"rlhf_job": "tiny-grpo", "rlhf_namespace": "team-a"})
+
+    created = progress()
+    assert created > 0
+    for event in (lambda: reporter.start(total_steps=3), lambda: reporter.log(1, {"kl": 0.1}),
+                  lambda: reporter.checkpoint(1, "/checkpoints/step-1")):
+        reporter.progress_time.set(0)
+        before = time.time()
+        event()
+        assert before <= progress() <= time.time()

@@ -9,7 +9,12 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlhf_trainer.reporting import JsonlWriter, MultiReporter, ProgressBar, Reporter, TensorBoardWriter
+from rlhf_api.validation import validate
+from rlhf_trainer.reporting import (
+    REPORTERS, JsonlWriter, MLflowReporter, MultiReporter, ProgressBar, Reporter, RunInfo, TensorBoardWriter,
+    WandbReporter, build_reporters,
+)
+from rlhf_trainer.timing import PhaseTimer
 
 STEPS = [
     (1, {"reward_mean": 0.25, "kl": 0.0, "policy_loss": -0.5, "tokens_per_second": 1234.56, "reward/letter": 0.25}),
@@ -122,3 +127,57 @@ def test_progress_bar_survives_odd_values(monkeypatch, value):
     bar.start(1)
     bar.log(1, {"reward_mean": value, "tokens_per_second": value})
     assert bar.bar.postfix.startswith("reward=")
+
+
+def _job(**spec):
+    doc = {"apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "tiny"},
+           "spec": {"algorithm": "sft", "models": {"actor": {"path": "org/model"}},
+                    "data": {"sft": {"sources": [{"path": "org/data"}]}}, **spec}}
+    return validate(doc)
+
+
+def test_a_run_without_trackers_gets_the_terminal_jsonl_and_tensorboard_in_its_logs_dir(tmp_path, monkeypatch):
+    for name in ("RLHF_JOB_NAME", "RLHF_JOB_NAMESPACE", "RLHF_METRICS_PORT"):
+        monkeypatch.delenv(name, raising=False)  # not in a cluster: no status or Prometheus reporter
+    reporters = build_reporters(RunInfo.of(_job(), tmp_path / "logs", "ignored"))
+    assert [type(r) for r in reporters] == [ProgressBar, JsonlWriter, TensorBoardWriter]
+    assert reporters[1].path == tmp_path / "logs" / "metrics.jsonl"
+    assert reporters[2].logdir == tmp_path / "logs" / "tensorboard"
+    assert list(REPORTERS) == ["progress", "jsonl", "tensorboard", "wandb", "mlflow", "status", "prometheus"]
+
+
+def test_configured_trackers_join_the_reporters(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # restored after: the reporter opts the process in
+    job = _job(tracking={"wandb": {"project": "p"}, "mlflow": {"trackingUri": (tmp_path / "mlruns").as_uri()}})
+    kinds = [type(r) for r in build_reporters(RunInfo.of(job, tmp_path, "tiny"))]
+    assert WandbReporter in kinds and MLflowReporter in kinds
+
+
+def test_the_run_is_named_namespace_slash_name_in_a_cluster_and_carries_the_spec(tmp_path):
+    job = _job(tracking={"wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "key"}}})
+    local = RunInfo.of(job, tmp_path, "tiny")
+    assert (local.name, local.uid) == ("tiny", None)
+    job.metadata.update(namespace="ml-team", uid="1234")
+    cluster = RunInfo.of(job, tmp_path, "tiny")
+    assert (cluster.name, cluster.uid) == ("ml-team/tiny", "1234")
+    assert cluster.config["algorithm"] == "sft"
+    assert cluster.config["tracking"]["wandb"]["apiKeySecret"] == {"name": "wandb", "key": "key"}
+
+
+def test_phase_timer_sums_each_phase_and_starts_over_after_take():
+    timer = PhaseTimer()
+    with timer.phase("step"):
+        for _ in range(2):
+            with timer.phase("generation"):
+                pass
+        with timer.phase("evaluation", split=False):
+            with timer.phase("generation"):  # an evaluation's own sampling: not the step's generation
+                with timer.phase("rewards"):
+                    pass
+    taken = timer.take()
+    assert set(taken) == {"time/step", "time/generation", "time/evaluation"}
+    assert taken["time/generation"] + taken["time/evaluation"] <= taken["time/step"]
+    assert timer.take() == {}
+    with timer.phase("rewards"):  # split=False ended: phases are timed apart again
+        pass
+    assert set(timer.take()) == {"time/rewards"}

@@ -22,7 +22,7 @@ def _rlhf_run(job, out, **popen):
 
 
 def _metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "checkpoints" / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_killed_run_resumes_at_its_checkpoint(toy_job, tmp_path):

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from local_http import LocalServer, QuietHandler, read_json, reply
 
 from rlhf_api import contract
 from rlhf_api.validation import validate
 from rlhf_api.v1alpha1 import RewardSpec
 from rlhf_trainer.rewards import RewardError, RewardModelScorer, build_reward
 from rlhf_trainer.rewards import function as function_rewards
+from rlhf_trainer.backoff import Backoff
 from rlhf_trainer.rewards.http import HTTPScorer
 from rlhf_trainer.tiny import build_tiny_model
 
@@ -24,6 +23,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
 COMPLETIONS = ["a", "bb", "ccc", "dddd", "eeeee"]
 LABELS = [0, 1, 2, 3, 4]
+FAST = Backoff(base=0.01, cap=0.05)  # retries without waiting long
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def test_tensors_and_arrays_are_accepted(tmp_path):
 
 
 def test_missing_file_or_function_fails_when_built(tmp_path):
-    with pytest.raises(RewardError, match=r"reward source 'r' \(function nope.py:score\): .*nope.py does not exist: fix function.entrypoint"):
+    with pytest.raises(RewardError, match=r"reward source 'r' \(function nope.py:score\): .*nope.py does not exist \(relative paths start at the job file's directory\): fix function.entrypoint"):
         build_reward(spec(function_source("r", "nope.py:score")), base_dir=tmp_path)
     write(tmp_path / "length.py", LENGTH_REWARD)
     with pytest.raises(RewardError, match="has no function 'reward': fix function.entrypoint"):
@@ -156,47 +156,28 @@ def test_inputs_of_different_lengths_are_refused(tmp_path):
 # ------------------------------------------------------------------------------------------- http
 
 
-class RewardService:
+class RewardService(LocalServer):
     """A real HTTP reward service on 127.0.0.1: fails the first `failures` requests with `status`."""
 
     def __init__(self, failures: int = 0, status: int = 503, hang: bool = False):
         self.failures, self.status, self.hang = failures, status, hang
         self.requests: list[tuple[dict, dict]] = []  # (headers, body)
-        self.release = threading.Event()
         service = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = read_json(self)
                 service.requests.append((dict(self.headers), body))
                 if service.hang:
                     service.release.wait(10)
                     return
                 if len(service.requests) <= service.failures:
-                    self.reply(service.status, {"error": "overloaded" if service.status >= 500 else "labels must be strings"})
+                    reply(self, service.status, {"error": "overloaded" if service.status >= 500 else "labels must be strings"})
                 else:
-                    self.reply(200, {"rewards": [len(c) + 0.5 for c in body["completions"]]})
+                    reply(self, 200, {"rewards": [len(c) + 0.5 for c in body["completions"]]})
 
-            def reply(self, status: int, payload: dict):
-                answer = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
+        self.url += "/score"
 
 
 @pytest.fixture
@@ -214,7 +195,7 @@ def services():
 
 def test_http_retries_5xx_then_scores_in_batches(services):
     service = services(failures=2)
-    scorer = HTTPScorer(service.url, batch_size=2, retries=3, backoff_seconds=0.01)
+    scorer = HTTPScorer(service.url, batch_size=2, retries=3, backoff=FAST)
     assert scorer(PROMPTS, COMPLETIONS, LABELS) == [1.5, 2.5, 3.5, 4.5, 5.5]
     bodies = [body for _, body in service.requests]
     assert len(bodies) == 2 + 3  # two failures, then three batches
@@ -224,22 +205,22 @@ def test_http_retries_5xx_then_scores_in_batches(services):
 
 def test_http_gives_up_after_its_retries(services):
     service = services(failures=10)
-    with pytest.raises(RuntimeError, match=r"failed 3 times .*last error: HTTP Error 503"):
-        HTTPScorer(service.url, retries=2, backoff_seconds=0.01)(PROMPTS, COMPLETIONS, LABELS)
+    with pytest.raises(RuntimeError, match=r"failed 3 times .*last error: HTTP 503 Service Unavailable: {\"error\": \"overloaded\"}"):
+        HTTPScorer(service.url, retries=2, backoff=FAST)(PROMPTS, COMPLETIONS, LABELS)
     assert len(service.requests) == 3
 
 
 def test_http_client_errors_are_not_retried(services):
     service = services(failures=1, status=400)
     with pytest.raises(RuntimeError, match='HTTP 400 Bad Request: {"error": "labels must be strings"}'):
-        HTTPScorer(service.url, retries=3, backoff_seconds=0.01)(PROMPTS, COMPLETIONS, LABELS)
+        HTTPScorer(service.url, retries=3, backoff=FAST)(PROMPTS, COMPLETIONS, LABELS)
     assert len(service.requests) == 1
 
 
 def test_http_timeouts_are_retried(services):
     service = services(hang=True)
     with pytest.raises(RuntimeError, match=r"failed 2 times \(timeout 0.2s\)"):
-        HTTPScorer(service.url, timeout=0.2, retries=1, backoff_seconds=0.01)(PROMPTS, COMPLETIONS, LABELS)
+        HTTPScorer(service.url, timeout=0.2, retries=1, backoff=FAST)(PROMPTS, COMPLETIONS, LABELS)
     assert len(service.requests) == 2
 
 

@@ -21,7 +21,8 @@ INVALID = {
                                     "spec.training.asyncQueueSize"),
     "tensor parallel on CPU": ({"rollout.tensorParallelSize": 2}, "spec.rollout.tensorParallelSize"),
     "micro-batches that do not divide": ({"training.microTrainBatchSize": 48}, "spec.training.trainBatchSize"),
-    "LoRA": ({"models.actor.lora": {"rank": 8}}, "spec.models.actor.lora"),
+    "QLoRA on CPU": ({"models.actor.lora": {"rank": 8, "quantization": "nf4"}}, "spec.models.actor.lora.quantization"),
+    "LoRA on a frozen model (CEL)": ({"models.reward": {"path": "x", "lora": {"rank": 8}}}, "spec.models.reward.lora"),
     "offline prompt leaving no room for the response": ({"algorithm": "sft", "reward": None, "data.prompts": None,
                                                          "data.sft": {"sources": [{"path": "tiny/prompts.jsonl"}]},
                                                          "data.maxTokens": 64}, "spec.data.maxPromptTokens"),
@@ -55,11 +56,13 @@ def test_offline_context_longer_than_the_model_is_refused(toy_job, tmp_path, cap
 
 
 def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):
+    # A function that imports and has the right parameters passes the checks; it fails when called.
+    (tmp_path / "broken.py").write_text("def score(prompts, completions, labels):\n    raise RuntimeError('judge down')\n")
     job = toy_job(**{"reward.sources": [{"name": "broken", "type": "function",
-                                         "function": {"entrypoint": "tiny/reward.py:no_such_function"}}]})
+                                         "function": {"entrypoint": "broken.py:score"}}]})
     assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err
-    assert "the run failed" in error and "broken" in error, error
+    assert "the run failed" in error and "reward source 'broken'" in error and "judge down" in error, error
     assert not ray.is_initialized()
 
 
@@ -74,11 +77,11 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job,
     assert result.returncode == 0, result.stderr[-4000:]
     assert "succeeded" in result.stdout
 
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out / "checkpoints" / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= m.keys()
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((out / "checkpoints" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
     checkpoints = out / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000002", "step-00000003"]

@@ -17,6 +17,11 @@ import ray
 
 STATE_FILE = "trainer_state.json"
 PREFIX = "step-"
+# Test seam: RLHF_TRAINER_CRASH_IN_SAVE=<step> ends the driver as abruptly as a SIGKILL would, after
+# the model groups wrote that step's checkpoint and before its state file: an interrupted save
+# (tests/trainer/test_faults_kill.py resumes from the checkpoint before it).
+CRASH_IN_SAVE_ENV = "RLHF_TRAINER_CRASH_IN_SAVE"
+CRASH_EXIT_CODE = 137
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -42,6 +47,8 @@ def save(root: Path, step: int, groups: dict, state: dict[str, Any], keep: int) 
         shutil.rmtree(path)  # an interrupted save of this very step
     path.mkdir(parents=True)
     ray.get([ref for role, group in groups.items() for ref in group.call("save_checkpoint", str(path), role)])
+    if os.environ.get(CRASH_IN_SAVE_ENV) == str(step):
+        os._exit(CRASH_EXIT_CODE)
     temporary = path / f"{STATE_FILE}.tmp"
     temporary.write_text(json.dumps({"step": step, **state}, indent=2))
     os.replace(temporary, path / STATE_FILE)
@@ -61,3 +68,27 @@ def _prune(root: Path, keep: int) -> None:
     stale = complete[:-keep] + [p for p in root.glob(f"{PREFIX}*") if p not in complete and p.name < newest.name]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the best checkpoint (spec.evaluation.bestMetric) ----------------------------------------------
+
+BEST = "best"  # <root>/best/: the actor in Hugging Face format, and BEST_FILE
+BEST_FILE = "best.json"  # {"step", "metric", "value"}
+
+
+def save_best(root: Path, group, record: dict[str, Any]) -> Path:
+    """Export the group's model to <root>/best (through a temporary directory, so a crash leaves the previous
+    best whole) with `record` (step, metric, value) beside it."""
+    path, temporary = root / BEST, root / f"{BEST}.tmp"
+    shutil.rmtree(temporary, ignore_errors=True)
+    ray.get(group.call("save_pretrained", str(temporary)))
+    (temporary / BEST_FILE).write_text(json.dumps(record, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(temporary, path)
+    return path
+
+
+def best_record(root: Path) -> dict[str, Any] | None:
+    """The record of the best checkpoint so far (a resumed run compares with it), or None."""
+    file = root / BEST / BEST_FILE
+    return json.loads(file.read_text()) if file.is_file() else None

@@ -1,7 +1,11 @@
-"""Trainer-side checks: combinations the CRD's schema and CEL rules cannot judge.
+"""Trainer-side checks: combinations the CRD's schema and CEL rules cannot judge, and files the job
+names that are not there.
 
 `check` runs after `validate` and before Ray starts or any model loads; `check_cluster` runs once
 Ray is up, before the first model group is created. Both raise InvalidJob naming the field.
+`check` also looks for the local dataset files the run reads (data.local_dataset says which are
+local) and imports each reward function, checking that it can be called as the trainer calls it,
+so that neither fails a minute into the run.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.v1alpha1 import RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
+from .data import missing_dataset
 from .paths import model_path
 from .workers.group import Placement, plan_placement
 
@@ -31,11 +36,11 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     if offline and spec.data.max_prompt_tokens >= spec.data.max_tokens:
         refuse("spec.data.maxPromptTokens", f"data.maxPromptTokens {spec.data.max_prompt_tokens} leaves no room for "
                f"the response in data.maxTokens {spec.data.max_tokens}: lower it or raise maxTokens")
-    for role in ("actor", "critic", "reference", "reward"):
+    for role in ("actor", "critic"):
         model = getattr(spec.models, role)
-        if model is not None and model.lora is not None:
-            refuse(f"spec.models.{role}.lora",
-                   "LoRA is not supported by the trainer yet: remove lora to train all weights")
+        if model is not None and model.lora is not None and model.lora.quantization != "none":
+            for message in _qlora_problems(spec):
+                refuse(f"spec.models.{role}.lora.quantization", message)
     if not uses_gpus(spec) and spec.rollout.tensor_parallel_size > 1:
         refuse("spec.rollout.tensorParallelSize",
                "tensor parallelism splits a vLLM engine over GPUs: set resources.gpusPerNode > 0, or 1 on CPU")
@@ -49,6 +54,7 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
         if len(set(counts.values())) > 1:
             refuse("spec.resources.gpus", f"with colocation all every role runs on the same GPUs, but the counts "
                    f"differ ({', '.join(f'{r}={n}' for r, n in counts.items())}): set them equal or remove them")
+    errors += _missing_data(spec, base_dir) + _unusable_reward_functions(spec, base_dir)
     if errors:
         raise InvalidJob(errors)
 
@@ -81,6 +87,51 @@ def check_cluster(spec: RLHFJobSpec, placement: Placement, resources: dict[str, 
         hint = "set gpusPerNode: 0 to run on CPU" if placement.use_gpu else "start Ray with more CPUs (--num-cpus)"
         raise InvalidJob([FieldError(field, f"the job needs {placement.bundles} {kind}s (one per rank and vLLM "
                                             f"worker) but the Ray cluster has {resources.get(kind, 0):g}: {hint}")])
+
+
+def _missing_data(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:
+    """Local dataset paths that do not exist, in the datasets the run reads: the algorithm's and the
+    evaluation sets."""
+    name = ALGORITHMS[spec.algorithm].dataset
+    datasets = [(f"spec.data.{name}", getattr(spec.data, name))]
+    if spec.evaluation is not None:
+        datasets += [(f"spec.evaluation.datasets[{i}]", d) for i, d in enumerate(spec.evaluation.datasets)]
+    return [FieldError(f"{field}.sources[{i}].path", problem)
+            for field, dataset in datasets if dataset is not None
+            for i, source in enumerate(dataset.sources) if (problem := missing_dataset(source.path, base_dir))]
+
+
+def _unusable_reward_functions(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:
+    """Reward functions that cannot be imported, or called as fn(prompts, completions, labels)."""
+    from .rewards import SourceContext
+    from .rewards.function import function_source
+
+    errors = []
+    for i, source in enumerate(spec.reward.sources if spec.reward else []):
+        if source.type != "function":
+            continue
+        try:
+            function_source(source, SourceContext(base_dir, model_scorer=None))
+        except Exception as error:  # noqa: BLE001 - an import runs the user's code: anything may come out
+            errors.append(FieldError(f"spec.reward.sources[{i}].function.entrypoint", f"{type(error).__name__}: {error}"))
+    return errors
+
+
+def _qlora_problems(spec: RLHFJobSpec) -> list[str]:
+    """Why QLoRA's 4-bit base cannot run here (bitsandbytes' kernels are CUDA's; its packed weights are not
+    ZeRO-3 shards)."""
+    import importlib.util
+
+    problems = []
+    if not uses_gpus(spec):
+        problems.append("QLoRA's 4-bit base weights need GPUs (bitsandbytes): set resources.gpusPerNode > 0, "
+                        "or quantization none to train LoRA on the unquantized base")
+    if spec.training.zero_stage == 3:
+        problems.append("QLoRA's 4-bit base weights cannot be ZeRO-3 shards: set training.zeroStage 2 or lower")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append("QLoRA needs bitsandbytes, which this trainer image lacks: use an image with it, or "
+                        "quantization none")
+    return problems
 
 
 def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:

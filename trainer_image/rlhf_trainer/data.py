@@ -1,7 +1,9 @@
 """Prompt datasets for online RL: read, mix, render with the chat template, tokenize, batch.
 
 A source is a .jsonl/.json/.parquet file, a directory written by `datasets.save_to_disk`, or
-anything `datasets.load_dataset` reads (a Hugging Face id, a local folder of data files).
+anything `datasets.load_dataset` reads (a Hugging Face id, a local folder of data files); which
+paths are local is `local_dataset`'s rule. Files must be UTF-8; a record that cannot be read, lacks
+a key or has a value of the wrong type is refused naming the source, the record and the field.
 """
 
 from __future__ import annotations
@@ -9,14 +11,15 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from pydantic.alias_generators import to_camel
 
 from rlhf_api.v1alpha1 import DatasetSource, DatasetSpec, DataSpec
 
-from .paths import resolve
+from .paths import is_hub_id, local_path
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +36,59 @@ class PromptItem:
 # ------------------------------------------------------------------------------------- reading
 
 
+def _text(path: Path) -> str:
+    """The file as text; bytes that are not UTF-8 are refused naming their line (a leading BOM is fine)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - raw.rfind(b"\n", 0, error.start)
+        raise ValueError(f"{path} line {line} column {column}: byte {raw[error.start]:#04x} is not UTF-8: "
+                         "save the file as UTF-8") from None
+
+
+def _json(text: str, path: Path, line: int = 1) -> Any:
+    """text parsed as JSON; `line`: where text starts in the file."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} line {line + error.lineno - 1} column {error.colno}: not valid JSON "
+                         f"({error.msg})") from None
+
+
+def _record(value: Any, path: Path, where: str) -> Record:
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} {where}: a record must be a JSON object, not {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
 def _read_jsonl(path: Path) -> list[Record]:
-    with path.open(encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+    lines = enumerate(_text(path).split("\n"), 1)
+    return [_record(_json(line, path, number), path, f"line {number}") for number, line in lines if line.strip()]
 
 
 def _read_json(path: Path) -> list[Record]:
-    records = json.loads(path.read_text(encoding="utf-8"))
+    text = _text(path)
+    records = _json(text, path) if text.strip() else []
     if not isinstance(records, list):
         raise ValueError(f"{path}: expected a JSON list of records (for one record per line, name the file .jsonl)")
-    return records
+    return [_record(record, path, f"record {number}") for number, record in enumerate(records, 1)]
 
 
 def _read_parquet(path: Path) -> list[Record]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    try:
+        return pq.read_table(path).to_pylist()
+    except pa.ArrowException as error:
+        raise ValueError(f"{path}: not a readable Parquet file ({error})") from None
 
 
 FILE_READERS: dict[str, Callable[[Path], list[Record]]] = {
@@ -58,28 +98,50 @@ FILE_READERS: dict[str, Callable[[Path], list[Record]]] = {
 }
 
 
+def local_dataset(path: str, base_dir: Path) -> Path | None:
+    """Where a dataset path is on disk, or None for a Hugging Face hub id (the rule DatasetSource.path
+    documents): org/name without a data file suffix is a hub id unless base_dir/org/name exists;
+    everything else (/..., ./..., ../..., a .jsonl/.json/.parquet name, a bare name, a longer path) is local."""
+    local = local_path(path, base_dir)
+    if is_hub_id(path) and PurePath(path).suffix not in FILE_READERS and not local.exists():
+        return None
+    return local
+
+
+def missing_dataset(path: str, base_dir: Path) -> str | None:
+    """What is wrong with a local dataset path that does not exist (None when it exists or is a hub id)."""
+    local = local_dataset(path, base_dir)
+    if local is None or local.exists():
+        return None
+    relative = "" if PurePath(path).is_absolute() else f", resolved against {Path(base_dir).resolve()} (the job file's directory)"
+    return (f"{local} does not exist: {path!r} is a local path{relative}; only org/name without a "
+            f"{'/'.join(FILE_READERS)} suffix is looked up on the Hugging Face hub: fix the path or create the file")
+
+
 def read_records(source: DatasetSource, base_dir: Path) -> list[Record]:
     """All records of one source, in stored order."""
-    location = resolve(source.path, base_dir)
-    path = Path(location)
-    saved = (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()  # datasets.save_to_disk
-    if (path.is_file() or saved) and (source.config or source.revision):
+    path = local_dataset(source.path, base_dir)
+    if problem := missing_dataset(source.path, base_dir):
+        raise FileNotFoundError(problem)
+    saved = path is not None and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+    if path is not None and (path.is_file() or saved) and (source.config or source.revision):
         raise ValueError(f"{source.path}: config and revision select a Hugging Face dataset's subset and version; "
                          "a local file or a saved dataset has neither: remove them")
-    if path.is_file():
+    if path is not None and path.is_file():
         if path.suffix not in FILE_READERS:
             raise ValueError(f"{path}: unsupported file type; use one of {', '.join(FILE_READERS)} or a datasets directory")
         return FILE_READERS[path.suffix](path)
 
     import datasets
 
-    if saved:
-        loaded = datasets.load_from_disk(location)
+    if saved:  # written by datasets.save_to_disk
+        loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
                 raise ValueError(f"{path} has no split {source.split!r}; it has {', '.join(loaded)}")
             loaded = loaded[source.split]
         return loaded.to_list()
+    location = source.path if path is None else str(path)  # a hub id, or a local folder of data files
     return datasets.load_dataset(location, source.config, split=source.split, revision=source.revision).to_list()
 
 
@@ -114,24 +176,70 @@ def render_prompt(value: Any, tokenizer, apply_chat_template: bool) -> str:
     return value
 
 
-def load_records(spec: DatasetSpec, tokenizer, keys: list[str], *, base_dir: Path, seed: int, name: str) -> list[dict]:
-    """spec's sources read (paths relative to base_dir), mixed with seed and cut to maxSamples; every
-    record must have `keys`. `name` is the dataset's field under spec.data, for the error messages."""
+# ---------------------------------------------------------------------------- records and checks
+
+Check = Callable[[Any], str | None]  # a record's value -> what is wrong with it, or None
+
+
+def prompt_check(apply_chat_template: bool) -> Check:
+    """A prompt is text, or (with the chat template) a list of {"role", "content"} messages."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, str):
+            return None
+        if not apply_chat_template:
+            return f"must be a string, not {_shown(value)}: to render chat messages set applyChatTemplate: true"
+        if isinstance(value, list) and value and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value):
+            return None
+        return f'must be a string or a list of {{"role", "content"}} messages, not {_shown(value)}'
+    return check
+
+
+def text_check(value: Any) -> str | None:
+    return None if isinstance(value, str) else f"must be a string, not {_shown(value)}"
+
+
+def _key_field(spec: DatasetSpec, key: str) -> str:
+    """The field of spec naming record key `key` (inputKey, labelKey, ...), for messages."""
+    return next(to_camel(field) for field in type(spec).model_fields
+                if field.endswith("_key") and getattr(spec, field) == key)
+
+
+def _problem(record: Record, keys: dict[str, Check | None], spec: DatasetSpec, where: str) -> str | None:
+    for key, check in keys.items():
+        field = f"{where}.{_key_field(spec, key)}"
+        if key not in record:
+            return (f"no key {key!r} ({field}); it has {', '.join(map(repr, record)) or 'no keys'}: "
+                    f"set {field} to the dataset's field name")
+        problem = check(record[key]) if check else None
+        if problem:
+            return f"{key!r} ({field}) {problem}"
+    return None
+
+
+def load_records(spec: DatasetSpec, tokenizer, keys: dict[str, Check | None], *, base_dir: Path, seed: int,
+                 field: str) -> list[dict]:
+    """spec's sources read (paths relative to base_dir), mixed with seed and cut to maxSamples.
+
+    Every record must have each key of `keys` and pass its check; errors name the source, the record
+    (its number in its file, from 1; for .jsonl the n-th non-blank line) and the field. `field` is
+    where spec holds the dataset, e.g. data.prompts."""
     sources = []
-    for source in spec.sources:
-        records = read_records(source, base_dir)
+    for i, source in enumerate(spec.sources):
+        where = f"{field}.sources[{i}] ({source.path})"
+        try:
+            records = read_records(source, base_dir)
+        except Exception as error:  # noqa: BLE001 - whatever the reader or datasets raised: say which source
+            raise ValueError(f"{where}: {error}") from error
         if not records:
-            raise ValueError(f"dataset {source.path!r} has no records")
+            raise ValueError(f"{where} has no records: add some, or remove the source")
+        for number, record in enumerate(records, 1):
+            if problem := _problem(record, keys, spec, field):
+                raise ValueError(f"{where} record {number}: {problem}")
         sources.append(records)
     records = mix(sources, [s.probability for s in spec.sources], seed)[: spec.max_samples]
     if spec.apply_chat_template and tokenizer.chat_template is None:
         raise ValueError(f"the tokenizer {tokenizer.name_or_path!r} has no chat template: set "
-                         f"data.{name}.applyChatTemplate: false or use a tokenizer with one")
-    for index, record in enumerate(records):
-        missing = [key for key in keys if key not in record]
-        if missing:
-            raise ValueError(f"{name} record {index} has no key {missing[0]!r} (it has {', '.join(map(repr, record))}): "
-                             f"set data.{name}'s keys to the dataset's field names")
+                         f"{field}.applyChatTemplate: false or use a tokenizer with one")
     return records
 
 
@@ -148,10 +256,12 @@ class PromptDataset:
         return self.items[index]
 
     @classmethod
-    def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, base_dir: Path, seed: int) -> PromptDataset:
-        """Read spec's sources (paths relative to base_dir), mix them with seed, render and tokenize."""
-        keys = [spec.input_key] + ([spec.label_key] if spec.label_key else [])
-        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, name="prompts")
+    def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, base_dir: Path, seed: int,
+                  field: str = "data.prompts") -> PromptDataset:
+        """Read spec's sources (paths relative to base_dir), mix them with seed, render and tokenize;
+        `field`: where the job holds spec, for error messages."""
+        keys = {spec.input_key: prompt_check(spec.apply_chat_template), **({spec.label_key: None} if spec.label_key else {})}
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=field)
         texts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
         # The chat template already wrote the special tokens the model expects.
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

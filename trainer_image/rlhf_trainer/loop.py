@@ -22,8 +22,9 @@ from rlhf_api.v1alpha1 import RLHFJob
 
 from . import checkpoint
 from .data import PromptLoader
-from .paths import model_path
+from .paths import checkpoint_dir, model_path
 from .reporting import Reporter
+from .timing import PhaseTimer
 from .workers.engine import TRAINED_ROLES, ModelConfig
 from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_group
 
@@ -41,13 +42,15 @@ class RunLoop(ABC):
         self.job, self.spec, self.placement = job, job.spec, placement
         self.training, self.algorithm = job.spec.training, ALGORITHMS[job.spec.algorithm]
         self.base_dir, self.reporter = Path(base_dir), reporter
-        self.checkpoint_dir = Path(output_dir) / self.spec.checkpoint.path  # an absolute path stays as it is
+        self.checkpoint_dir = checkpoint_dir(self.spec, output_dir)
+        self.timer = PhaseTimer()  # a subclass's _steps times its phases with it; fit adds time/step
         self.actor_path = model_path(self.spec.models, "actor", self.base_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path, revision=self.spec.models.actor.revision)
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
         self.step = 0
+        self.extra_batches = 0  # batches drawn beyond one per step (dynamic sampling's extra rounds)
         self.groups: dict[str, ModelGroup] = {}
 
     def _use_data(self, data: PromptLoader, passes: int) -> None:
@@ -77,7 +80,10 @@ class RunLoop(ABC):
         wait on the returned refs."""
         self.groups = {role: ModelGroup(role, self.placement_group, self.placement)
                        for role, bundles in self.placement.ranks.items() if role != ROLLOUT and bundles}
-        return [ref for role, group in self.groups.items() for ref in group.setup(self._model_config(role, **config))]
+        setups = [ref for role, group in self.groups.items() for ref in group.setup(self._model_config(role, **config))]
+        for role, owner in self.placement.shared.items():  # e.g. a LoRA actor's base as the reference
+            self.groups[role] = self.groups[owner].base_model_view(role)
+        return setups
 
     def _model_config(self, role: str, **config: Any) -> ModelConfig:
         _, model = self.spec.models.source(role)
@@ -108,12 +114,21 @@ class RunLoop(ABC):
 
     def fit(self) -> None:
         self._resume()
-        for metrics, data_position in self._steps(self._batches()):
+        steps = self._steps(self._batches())
+        data_position = None
+        while True:
+            with self.timer.phase("step"):
+                taken = next(steps, None)
+            if taken is None:
+                break
+            metrics, data_position = taken
             self.step += 1
-            self.reporter.log(self.step, metrics)
+            self.reporter.log(self.step, metrics | self.timer.take())
             interval = self.spec.checkpoint.interval_steps
             if (interval and self.step % interval == 0) or self.step == self.total_steps:
                 self._save(data_position)
+        if data_position is not None and self.step < self.total_steps:
+            self._save(data_position)  # the data ran out before totalSteps (dynamic sampling's extra rounds)
         if self.spec.checkpoint.export_hf:
             ray.get(self.trained.call("save_pretrained", str(self.checkpoint_dir / "final")))
 
@@ -123,14 +138,20 @@ class RunLoop(ABC):
         `fit` counts the step (self.step) before it asks for the next one."""
 
     def _batches(self) -> Iterator[tuple[list, dict]]:
-        """The batches left, each with the loader's position after it, up to the run's last step."""
+        """The batches left, each with the loader's position after it, up to the run's last step (and the
+        extra batches `_extra_batch` asked for)."""
         drawn = self.step
         while self.data.epoch < self.passes:
             for batch in self.data:
-                if drawn == self.total_steps:
+                if drawn == self.total_steps + self.extra_batches:
                     return
                 drawn += 1
                 yield batch, self.data.state_dict()
+
+    def _extra_batch(self, batches: Iterator[tuple[list, dict]]) -> tuple[list, dict] | None:
+        """One more batch from `batches` than the steps need; None when the data passes are used up."""
+        self.extra_batches += 1
+        return next(batches, None)
 
     def _epoch(self, data_position: dict) -> float:
         """The data trained on by a step, in epochs (the `epoch` metric)."""

@@ -18,8 +18,9 @@ The loop (batches, checkpoints, resuming) is loop.RunLoop's, shared with the onl
 algorithm's training step is found as catalogue objective key -> OBJECTIVES[key].step ->
 workers.objectives.OFFLINE_STEPS[step], a function each rank runs on every micro-batch.
 
-Metrics (api.Metrics names where they exist): loss, learning_rate, epoch; the preference
-algorithms and rm also reward_accuracy, reward_margin, chosen_reward, rejected_reward.
+Metrics (api.Metrics names where they exist): loss, learning_rate, epoch, <role>/grad_norm,
+time/experience (reference log-probs), time/update, time/step; the preference algorithms and rm
+also reward_accuracy, reward_margin, chosen_reward, rejected_reward.
 """
 
 from __future__ import annotations
@@ -100,14 +101,17 @@ class OfflineTrainer(RunLoop):
     def _steps(self, batches: Iterator[tuple[list[OfflineExample], dict]]) -> Iterator[tuple[dict[str, float], dict]]:
         options = self.objective.options(self.spec)
         for examples, position in batches:
-            metrics = mean_metrics(self._train_step(examples, options))
+            calls = self._train_step(examples, options)
+            with self.timer.phase("update"):  # the ranks train while the driver waits
+                metrics = mean_metrics(calls)
             metrics["epoch"] = self._epoch(position)
             yield metrics, position
 
     def _train_step(self, examples: list[OfflineExample], options: dict) -> list[ray.ObjectRef]:
         """The examples split over the trained group's ranks, in micro-batches; each rank's metrics."""
-        reference = self._reference_logps(examples) if "reference" in self.groups else None
-        kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
+        with self.timer.phase("experience"):  # the frozen reference's log-probs, and kto's reference point
+            reference = self._reference_logps(examples) if "reference" in self.groups else None
+            kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
         micro = self.training.micro_train_batch_size
         per_rank = torch.arange(len(examples)).chunk(self.trained.size)
         # token-mean divides by the step's tokens, which only the driver sees (objectives.NORMALIZERS).

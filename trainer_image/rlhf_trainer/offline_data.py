@@ -3,8 +3,9 @@ ipo, cdpo, rm), tokenized, and packed into batches in the layout the model worke
 
 Sources are read and mixed as in data.py; the prompt is rendered with the chat template (when
 applyChatTemplate) and left-truncated to data.maxPromptTokens, each response gets the tokenizer's
-eos and is cut so that prompt + response fit data.maxTokens. Batches come from data.PromptLoader
-(one optimizer step's worth of examples each, reshuffled per epoch, resumable).
+eos and is cut so that prompt + response fit data.maxTokens (a warning counts the records cut).
+Batches come from data.PromptLoader (one optimizer step's worth of examples each, reshuffled per
+epoch, resumable).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 
-from .data import load_records, render_prompt
+from .data import load_records, prompt_check, render_prompt, text_check
 
 log = logging.getLogger(__name__)
 
@@ -113,34 +114,40 @@ class OfflineDataset:
                   base_dir: Path, seed: int, name: str, flag_key: str | None = None) -> OfflineDataset:
         """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey);
         `flag_key`: the key of a desirable flag (kto's labelKey)."""
-        keys = [spec.input_key, *response_keys, *([flag_key] if flag_key else [])]
-        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, name=name)
-        for index, record in enumerate(records):
-            if not all(isinstance(record[key], str) for key in response_keys):
-                raise ValueError(f"{name} record {index}: the responses ({', '.join(response_keys)}) must be strings")
+        keys = {spec.input_key: prompt_check(spec.apply_chat_template), **dict.fromkeys(response_keys, text_check),
+                **({flag_key: _flag_check} if flag_key else {})}
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}")
 
         prompts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
         prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
         response_ids = {key: tokenizer([r[key] for r in records], add_special_tokens=False)["input_ids"]
                         for key in response_keys}
         eos = tokenizer.eos_token_id
-        items, truncated = [], 0
+        items, truncated, cut_prompts = [], 0, 0
         for i, prompt in enumerate(prompt_ids):
+            cut_prompts += len(prompt) > data.max_prompt_tokens
             prompt = prompt[-data.max_prompt_tokens:]  # keep the end: the question and the generation prompt
             room = data.max_tokens - len(prompt)
             responses = tuple((response_ids[key][i] + [eos])[:room] for key in response_keys)
             truncated += any(len(response_ids[key][i]) + 1 > room for key in response_keys)
-            items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key], i, name) if flag_key else None))
+            items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key]) if flag_key else None))
+        if cut_prompts:
+            log.warning("%d of %d %s prompts were longer than data.maxPromptTokens=%d and lost their beginning",
+                        cut_prompts, len(items), name, data.max_prompt_tokens)
         if truncated:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)
         return cls(items)
 
 
-def _flag(value, index: int, name: str) -> bool:
-    """A desirable flag: a boolean, 0/1, or "true"/"false"."""
+def _flag(value) -> bool | None:
+    """A desirable flag: a boolean, 0/1, or "true"/"false"; None for anything else."""
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     if isinstance(value, (bool, int)) and value in (0, 1):
         return bool(value)
-    raise ValueError(f"{name} record {index}: the desirable flag (labelKey) must be true or false, got {value!r}")
+    return None
+
+
+def _flag_check(value) -> str | None:
+    return None if _flag(value) is not None else f"is the desirable flag: it must be true or false, not {value!r}"

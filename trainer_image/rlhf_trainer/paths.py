@@ -1,4 +1,4 @@
-"""How paths in a job file are read: the one rule for model, dataset and reward-function paths."""
+"""How paths in a job file are read (the one rule for model, dataset and reward-function paths), and where a run writes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from rlhf_api import contract
-from rlhf_api.v1alpha1 import ModelsSpec
+from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 
 # org/name as on the Hugging Face hub (also matches a two-part relative path; see resolve).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -17,6 +17,11 @@ def local_path(path: str, base_dir: Path) -> Path:
     return Path(base_dir) / path  # an absolute path replaces base_dir
 
 
+def is_hub_id(path: str) -> bool:
+    """Whether path has the shape of a Hugging Face id (org/name)."""
+    return bool(_HUB_ID.match(path))
+
+
 def resolve(path: str, base_dir: Path) -> str:
     """Where a model or dataset path from a job file points.
 
@@ -24,7 +29,7 @@ def resolve(path: str, base_dir: Path) -> str:
     base_dir/org/name exists: a local folder wins over the hub.
     """
     local = local_path(path, base_dir)
-    if _HUB_ID.match(path) and not local.exists():
+    if is_hub_id(path) and not local.exists():
         return path
     return str(local)
 
@@ -36,3 +41,19 @@ def model_path(models: ModelsSpec, role: str, base_dir: Path) -> str:
     if model.pvc is not None:
         return contract.model_on_pvc(field, model.path)
     return resolve(model.path, base_dir)
+
+
+LOGS = "logs"  # metrics.jsonl, tensorboard/ and the trackers' local files, inside the checkpoint directory
+
+
+def checkpoint_dir(spec: RLHFJobSpec, output_dir: Path) -> Path:
+    """Where a run writes everything it leaves: checkpoint.path, relative to the run's output
+    directory (`rlhf run --output-dir`, default runs/<job name>); an absolute path (the cluster's
+    checkpoint volume) stays as it is."""
+    return Path(output_dir) / spec.checkpoint.path
+
+
+def logs_dir(spec: RLHFJobSpec, output_dir: Path) -> Path:
+    """metrics.jsonl, TensorBoard events and offline tracker runs: beside the checkpoints, so they
+    survive the pod on the checkpoint volume and a resumed run continues them."""
+    return checkpoint_dir(spec, output_dir) / LOGS

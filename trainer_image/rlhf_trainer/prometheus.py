@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from rlhf_api import contract
 
 
-JOB_LABELS = ("rlhf_job", "rlhf_namespace")
+JOB_LABELS = contract.METRIC_JOB_LABELS
 # trainer metric key -> (Prometheus name, help). Names follow Prometheus conventions: a prefix,
 # base units (seconds), _total only for counters.
 GAUGES = {
@@ -44,6 +44,11 @@ class PrometheusReporter:
         self.step = gauge("rlhf_step", "Completed training steps")
         self.total_steps = gauge("rlhf_total_steps", "Planned training steps")
         self.checkpoint_step = gauge("rlhf_last_checkpoint_step", "Step of the newest checkpoint")
+        # What the no-progress alert watches: a hung rollout or collective leaves it behind. Set
+        # now too, so a run still loading its models is not taken for one stuck since 1970.
+        self.progress_time = gauge("rlhf_last_progress_timestamp_seconds",
+                                   "Unix time of the run's last progress: the trainer's start, a step, a checkpoint")
+        self.progress_time.set_to_current_time()
         self.gauges = {key: gauge(name, help) for key, (name, help) in GAUGES.items()}
         if port is not None:
             start_http_server(port, registry=self.registry)
@@ -58,15 +63,18 @@ class PrometheusReporter:
     def start(self, total_steps: int) -> None:
         self.total_steps.set(total_steps)
         self.step.set(0)
+        self.progress_time.set_to_current_time()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.step.set(step)
+        self.progress_time.set_to_current_time()
         for key, value in metrics.items():
             if key in self.gauges:
                 self.gauges[key].set(value)
 
     def checkpoint(self, step: int, path: str) -> None:
         self.checkpoint_step.set(step)
+        self.progress_time.set_to_current_time()
 
     def finish(self, status: str, message: str = "") -> None:
         pass  # the gauges keep their last values until the pod goes

@@ -2,7 +2,9 @@
 
 Locally it starts a private Ray instance (CPU, or the machine's GPUs) and stops it at the end;
 inside a RayJob (RAY_ADDRESS set by Ray's job submission) or with an address it joins that
-cluster. Exit status: 0 done, 1 the run failed, 2 the job file is invalid (nothing was loaded).
+cluster. Exit status: 0 done, 1 the run failed, 2 the job file is invalid (nothing was loaded):
+the schema, CEL rules and checks.check, which also refuses missing local dataset files and reward
+functions that cannot be imported or called, all before Ray starts.
 """
 
 from __future__ import annotations
@@ -18,28 +20,21 @@ from pathlib import Path
 
 import yaml
 
+from rlhf_api import contract
 from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.validation import InvalidJob, validate
 
-from .reporting import JsonlWriter, MultiReporter, ProgressBar, Reporter, TensorBoardWriter
+from .paths import logs_dir
+from .reporting import MultiReporter, Reporter, RunInfo, build_reporters
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 WORKERS_TIMEOUT = 300  # seconds a joined cluster's workers get to register before the job is refused
 
 
-def default_reporters(output_dir: Path, job_name: str) -> list[Reporter]:
-    """The terminal, metrics.jsonl and TensorBoard; in a cluster also the job's status and Prometheus."""
-    from .kube_status import KubernetesStatusReporter
-    from .prometheus import PrometheusReporter
-
-    local = [ProgressBar(job_name), JsonlWriter(output_dir / "metrics.jsonl"), TensorBoardWriter(output_dir / "tensorboard")]
-    in_cluster = [KubernetesStatusReporter.from_environment(), PrometheusReporter.from_environment()]
-    return local + [reporter for reporter in in_cluster if reporter is not None]
-
-
 def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: str | None = None,
         num_cpus: int | None = None, reporters: list[Reporter] | None = None) -> int:
-    """Run the job in `job_file`; returns the exit status. output_dir defaults to runs/<job name>."""
+    """Run the job in `job_file`; returns the exit status. output_dir defaults to runs/<job name>; the
+    run writes under checkpoint.path, relative to it (paths.checkpoint_dir, paths.logs_dir)."""
     from .checks import check, check_cluster
 
     job_file = Path(job_file)
@@ -49,7 +44,7 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
     except InvalidJob as invalid:
         print(f"{job_file}: {invalid}", file=sys.stderr)
         return EXIT_INVALID
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         print(f"{job_file}: cannot read: {error}", file=sys.stderr)
         return EXIT_INVALID
 
@@ -58,11 +53,16 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
     name = job.metadata.get("name", job_file.stem)
     output_dir = Path(output_dir or Path("runs") / name)
     output_dir.mkdir(parents=True, exist_ok=True)
-    reporter = MultiReporter(reporters if reporters is not None else default_reporters(output_dir, name))
+    try:  # a tracker the job names whose package is missing is refused here, before anything loads
+        run_info = RunInfo.of(job, logs_dir(job.spec, output_dir), name)
+        reporter = MultiReporter(reporters if reporters is not None else build_reporters(run_info))
+    except InvalidJob as invalid:
+        print(f"{job_file}: {invalid}", file=sys.stderr)
+        return EXIT_INVALID
 
     import ray
 
-    started_ray, trainer = False, None
+    local_node, trainer = None, None
     try:
         address = address or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
@@ -74,10 +74,8 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             # CPUs are logical here: enough for one per rank and engine, however many cores there are.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
-            ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, placement.bundles), include_dashboard=False,
-                     _temp_dir=ray_dir)
-            started_ray = True
-        check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if started_ray else WORKERS_TIMEOUT))
+            local_node = _start_local_ray(num_cpus or max(os.cpu_count() or 1, placement.bundles), ray_dir)
+        check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
 
         trainer_class = _trainer_class(job.spec.algorithm)
         trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
@@ -88,19 +86,55 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
         return EXIT_INVALID
     except Exception as error:  # noqa: BLE001 - whatever broke, say what and exit non-zero
         traceback.print_exc()
-        message = f"{type(error).__name__}: {error}"
-        print(f"{job_file}: the run failed: {message}", file=sys.stderr)
+        first_line = next(iter(str(error).strip().splitlines()), "")  # Ray's errors run to pages
+        message = f"{type(error).__name__}: {first_line}{_resume_hint(trainer)}"
+        print(f"{job_file}: {contract.RUN_FAILED}{message}", file=sys.stderr)
         if trainer is not None:  # the reporters were started
             reporter.finish("failed", message)
         return EXIT_FAILED
     finally:
         if trainer is not None:
             trainer.close()
-        if started_ray:
+        if local_node:
             ray.shutdown()
+            local_node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
             shutil.rmtree(ray_dir, ignore_errors=True)
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK
+
+
+def _start_local_ray(num_cpus: int, temp_dir: str):
+    """A private Ray node holding only what a run uses, this process connected to it: GCS, raylet (with
+    the dashboard and runtime-env agents it cannot run without) and the log monitor that prints the
+    actors' output here. Left out, unlike ray.init's own start: the API server (with the dashboard off
+    it only reports usage statistics) and the autoscaler's monitor (a fixed local node has nothing to
+    scale), ~0.2 GB and ~2 s of start-up. ray.init has no switch for either, hence Ray's Node class
+    (Ray is pinned to 2.60.x; tests/trainer/test_lean_start.py checks the processes)."""
+    import ray
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    class LocalNode(Node):
+        def start_api_server(self, **_) -> None:
+            pass
+
+    # spawn_reaper: Ray's reaper stops the node's processes if this one dies before kill_all_processes.
+    node = LocalNode(RayParams(num_cpus=num_cpus, include_dashboard=False, temp_dir=temp_dir, no_monitor=True),
+                     head=True, shutdown_at_exit=False, spawn_reaper=True)
+    try:
+        ray.init(address=node.address)
+    except BaseException:
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        raise
+    return node
+
+
+def _resume_hint(trainer) -> str:
+    """Where running the job again (or KubeRay's retry, spec.backoffLimit) resumes from."""
+    from . import checkpoint
+
+    found = checkpoint.latest(trainer.checkpoint_dir) if trainer is not None else None
+    return f"; its newest checkpoint is {found}: running the job again resumes from it" if found else ""
 
 
 def _trainer_class(algorithm: str):

@@ -1,8 +1,9 @@
-"""Tiny models built offline, for tests and the CPU example job (`rlhf tiny-model DIR`).
+"""Small models built offline, for tests, the CPU example job and benchmarks (`rlhf tiny-model [--shape NAME] DIR`).
 
 A byte-level BPE tokenizer trained on a small built-in corpus (the toy task's prompts and
-answers), and a 2-layer Qwen2 with random weights: small enough to train on a laptop CPU, and
-shaped so that vLLM's CPU backend serves it (head_dim 32).
+answers), and a Qwen2 with random weights of a named shape (SHAPES): "tiny", 2 layers, small
+enough to train on a laptop CPU; "qwen2-40m", a realistic layout for benchmarks. Both are shaped
+so that vLLM's CPU backend serves them (head_dim 32 and 64).
 
 The toy task: a prompt names a letter, the answer repeats it ("Repeat the letter c." -> "cccc").
 Its reward (manifests/examples/tiny/reward.py) is the fraction of answer characters equal to
@@ -12,6 +13,7 @@ the letter, which a randomly initialised model already earns now and then, so GR
 from __future__ import annotations
 
 import random
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -43,8 +45,31 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}" + TURN + "{{ message['role'] }}\n{{ message['content'] }}" + EOS + "\n"
     "{% endfor %}{% if add_generation_prompt %}" + TURN + "assistant\n{% endif %}"
 )
-VOCAB_SIZE = 384
 MAX_POSITIONS = 512
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen2 layout. head_dim (hidden / heads) must be one vLLM's CPU attention supports."""
+
+    vocab_size: int  # the tokenizer's target; the model's is the tokenizer's (the toy corpus fills 366 of tiny's 384)
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+SHAPES = {
+    # 0.34M parameters: tests and the CPU example job; head_dim 32.
+    "tiny": Shape(vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2),
+    # 39.3M parameters, 16.8M of them the (tied) embedding: Qwen2-0.5B's head_dim 64, grouped-query
+    # attention and tied embeddings at a quarter of its depth, a 32k vocabulary (so the embedding and
+    # the lm_head over the vocabulary cost what they cost in real models), SwiGLU at about 8/3 x hidden.
+    "qwen2-40m": Shape(vocab_size=32768, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=2),
+}
 
 
 def toy_prompts(count: int = 256, seed: int = 0) -> list[dict[str, str]]:
@@ -58,41 +83,45 @@ def toy_prompts(count: int = 256, seed: int = 0) -> list[dict[str, str]]:
     return records
 
 
-def _corpus() -> list[str]:
-    """Text the tokenizer is trained on: the toy prompts and answers, and the chat roles."""
+def _corpus(vocab_size: int) -> list[str]:
+    """Text the tokenizer is trained on: the toy prompts and answers and the chat roles, which fill the
+    tiny vocabulary, and for a larger one a pseudo-word (a syllable string, in the text twice so that
+    BPE merges it into one token) per entry beyond the tiny vocabulary."""
     prompts = [record["prompt"] for record in toy_prompts()]
     answers = [letter * n for letter in TOY_LETTERS for n in (1, 2, 4, 8)]
-    return prompts + answers + ["system user assistant"] * 4
+    rng = random.Random(0)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(2, 4)))
+             for _ in range(vocab_size - SHAPES["tiny"].vocab_size)] * 2
+    rng.shuffle(words)
+    lines = [" ".join(words[i:i + 16]) for i in range(0, len(words), 16)]
+    return prompts + answers + ["system user assistant"] * 4 + lines
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer (every byte encodes) with pad/eos tokens and a ChatML-style template."""
+def build_tokenizer(vocab_size: int = SHAPES["tiny"].vocab_size) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (every byte encodes) of at most vocab_size tokens, with pad/eos tokens
+    and a ChatML-style template."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=[PAD, TURN, EOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer.train_from_iterator(_corpus(vocab_size), trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token=EOS, pad_token=PAD,
         chat_template=CHAT_TEMPLATE, model_max_length=MAX_POSITIONS,
     )
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast, **overrides) -> Qwen2Config:
+def model_config(shape: Shape, tokenizer: PreTrainedTokenizerFast, **overrides) -> Qwen2Config:
     return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,  # head_dim 32: a size vLLM's CPU attention supports
-        num_key_value_heads=2,
+        **{**asdict(shape), "vocab_size": len(tokenizer)},
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -104,9 +133,9 @@ def tiny_config(tokenizer: PreTrainedTokenizerFast, **overrides) -> Qwen2Config:
 
 
 def build_tiny_model(
-    out_dir: str | Path, *, kind: Literal["causal-lm", "reward"] = "causal-lm", seed: int = 0
+    out_dir: str | Path, *, kind: Literal["causal-lm", "reward"] = "causal-lm", seed: int = 0, shape: str = "tiny"
 ) -> Path:
-    """Write a tokenizer and a randomly initialised tiny Qwen2 to out_dir; the same seed gives the same files.
+    """Write a tokenizer and a randomly initialised Qwen2 of a SHAPES name to out_dir; the same seed gives the same files.
 
     kind "causal-lm" is an actor/reference; "reward" is a sequence classifier with one label (a
     reward model or critic).
@@ -114,9 +143,11 @@ def build_tiny_model(
     builders = {"causal-lm": AutoModelForCausalLM, "reward": AutoModelForSequenceClassification}
     if kind not in builders:
         raise ValueError(f"unknown tiny model kind {kind!r}: use one of {', '.join(builders)}")
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}: use one of {', '.join(SHAPES)}")
     out = Path(out_dir)
-    tokenizer = build_tokenizer()
-    config = tiny_config(tokenizer, **({"num_labels": 1} if kind == "reward" else {}))
+    tokenizer = build_tokenizer(SHAPES[shape].vocab_size)
+    config = model_config(SHAPES[shape], tokenizer, **({"num_labels": 1} if kind == "reward" else {}))
     with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
         torch.manual_seed(seed)
         model = builders[kind].from_config(config)

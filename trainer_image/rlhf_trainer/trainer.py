@@ -19,6 +19,12 @@ Each step, as in OpenRLHF's PPO trainer:
 8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps (loop.RunLoop, the
    loop this trainer shares with the offline one).
 
+With spec.environment each sample is a multi-turn episode (environments.runner: the policy's turns and
+the environment's observations, the latter masked out of the loss by action_mask). Before step 3,
+rollout.lengthShaping penalises long completions and rollout.dynamicSampling drops groups whose
+rewards are all equal, sampling fresh prompts until the batch is full (sampling.py, DAPO).
+spec.evaluation samples held-out sets after the steps it names and keeps the best actor (evaluation.py).
+
 With training.asyncQueueSize N > 0 the next N rollouts are generated while a step trains, by
 engines that are up to N updates behind (a Ray actor runs its calls in order, so each weight
 update lands after the rollouts queued before it).
@@ -37,12 +43,17 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import RLHFJob
 
+from . import checkpoint
 from .algorithms import AdvantageConfig, AdvantageInputs, compute_advantages, compute_kl, kl_in_reward
 from .data import PromptDataset, PromptItem, PromptLoader
+from .environments import environment_factory
+from .environments.runner import start_runner
+from .evaluation import PREFIX as EVAL, Evaluation
 from .experience import Experience
 from .losses import masked_mean
 from .loop import RunLoop
 from .rewards import RewardResult, build_reward
+from .sampling import Rollout, fill_batch, informative_groups, length_penalty
 from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
@@ -53,8 +64,9 @@ class PendingRollout:
     """Prompts sent to the engines and the generations on their way back."""
 
     prompts: list[PromptItem]
-    generations: list[ray.ObjectRef]  # per engine: (completions per prompt, seconds)
+    generations: list[ray.ObjectRef]  # per engine (or the episode runner): (completions per prompt, seconds)
     data_position: dict  # the prompt loader's state once this batch is trained: resumes with the next
+    samples_per_prompt: int
 
 
 class Trainer(RunLoop):
@@ -71,26 +83,36 @@ class Trainer(RunLoop):
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt
         self.optimizer_steps = self.total_steps * self.training.epochs * samples // self.training.train_batch_size
         self.engines: list = []
+        self.runner = None  # the multi-turn episode runner (spec.environment)
+        self.evaluation = self.spec.evaluation and Evaluation(
+            self.spec.evaluation, self.spec.data, self.tokenizer, base_dir=self.base_dir, seed=self.training.seed)
+        self.best = checkpoint.best_record(self.checkpoint_dir) if self.spec.checkpoint.resume else None
         self._start()
 
     def _start_workers(self) -> None:
-        setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
-                                    max_new_tokens=self.rollout.max_new_tokens)
         placement = self.placement
-        self.engines = create_rollout_engines(  # they start while the model groups load
+        # The engines first: vLLM takes the longest to start, and the model groups load meanwhile.
+        self.engines = create_rollout_engines(
             self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
             max_model_len=self.spec.data.max_prompt_tokens + self.rollout.max_new_tokens,
             seed=self.training.seed, revision=self.spec.models.actor.revision,
             sleep_mode=placement.use_gpu and self.training.colocation == "all",
+            sequences=-(-self.training.rollout_batch_size // self.rollout.engines) * self.rollout.samples_per_prompt,
         )
+        setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
+                                    max_new_tokens=self.rollout.max_new_tokens)
         reward_model = self.groups.get("reward")
-        self.reward = build_reward(self.spec.reward, base_dir=self.base_dir,
-                                   model_scorer=reward_model.score if reward_model else None)
+        self.reward = self.spec.reward and build_reward(self.spec.reward, base_dir=self.base_dir,
+                                                        model_scorer=reward_model.score if reward_model else None)
+        if self.spec.environment:
+            environment_factory(self.spec.environment, self.base_dir)  # a broken entrypoint fails here, plainly
+            self.runner = start_runner(self.spec.environment, self.base_dir, self.actor_path, self.engines,
+                                       self.rollout.max_new_tokens, revision=self.spec.models.actor.revision)
         ray.get(setups)
         setup_broadcast_group(self.actor, self.engines, self.rollout.tensor_parallel_size)
 
     def _actors(self) -> list:
-        return super()._actors() + self.engines
+        return super()._actors() + self.engines + ([self.runner] if self.runner else [])
 
     @property
     def actor(self) -> ModelGroup:
@@ -100,35 +122,87 @@ class Trainer(RunLoop):
 
     def _steps(self, batches: Iterator[tuple[list[PromptItem], dict]]) -> Iterator[tuple[dict[str, float], dict]]:
         queue: deque[PendingRollout] = deque()
-        for _ in range(self.step, self.total_steps):
+        if self.step == 0 and self.evaluation and self.evaluation.due(0, self.total_steps):
+            with self.timer.phase("evaluation", split=False):
+                self.reporter.log(0, self._evaluate(0))  # the baseline
+        for step in range(self.step + 1, self.total_steps + 1):
             while len(queue) <= self.training.async_queue_size and (batch := next(batches, None)):
                 queue.append(self._start_rollout(*batch))
+            if not queue:
+                return  # dynamic sampling's extra rounds used up the data passes
             started = time.perf_counter()
             current = queue.popleft()
-            generations = ray.get(current.generations)
+            rollout, metrics = self._collect(current, batches)
             self._vllm_sleep(True)
-            experience, metrics = self._make_experience(current.prompts, generations)
+            with self.timer.phase("experience"):
+                experience, rollout_metrics = self._make_experience(rollout)
+            metrics.update(rollout_metrics)
             metrics["rollout_seconds"] = time.perf_counter() - started
             metrics["epoch"] = self._epoch(current.data_position)  # prompts seen, in epochs
 
             started = time.perf_counter()
-            metrics.update(self._train(experience))
+            with self.timer.phase("update"):
+                metrics.update(self._train(experience))
             self._vllm_sleep(False)
-            self._sync_weights()
+            with self.timer.phase("weight_sync"):
+                self._sync_weights()
             metrics["update_seconds"] = time.perf_counter() - started
+            if self.evaluation and self.evaluation.due(step, self.total_steps):
+                with self.timer.phase("evaluation", split=False):
+                    metrics.update(self._evaluate(step))
             yield metrics, current.data_position
 
     # -- 1. rollout ------------------------------------------------------------------------------
 
-    def _start_rollout(self, prompts: list[PromptItem], data_position: dict) -> PendingRollout:
-        sampling = dict(n=self.rollout.samples_per_prompt, max_tokens=self.rollout.max_new_tokens,
-                        temperature=self.rollout.temperature, top_p=self.rollout.top_p, top_k=self.rollout.top_k)
+    def _start_rollout(self, prompts: list[PromptItem], data_position: dict, sampling: dict | None = None) -> PendingRollout:
+        """Send the prompts to the engines (or episodes to the runner); `sampling` defaults to the rollout's."""
+        sampling = sampling or dict(
+            n=self.rollout.samples_per_prompt, max_tokens=self.rollout.max_new_tokens,
+            temperature=self.rollout.temperature, top_p=self.rollout.top_p, top_k=self.rollout.top_k)
+        if self.runner:
+            return PendingRollout(prompts, [self.runner.run.remote(prompts, sampling)], data_position, sampling["n"])
         per_engine = -(-len(prompts) // len(self.engines))
         generations = [
             engine.generate.remote([p.prompt_token_ids for p in prompts[i * per_engine:(i + 1) * per_engine]], sampling)
-            for i, engine in enumerate(self.engines)
+            for i, engine in enumerate(self.engines) if prompts[i * per_engine:(i + 1) * per_engine]
         ]
-        return PendingRollout(prompts, generations, data_position)
+        return PendingRollout(prompts, generations, data_position, sampling["n"])
+
+    def _scored(self, pending: PendingRollout) -> Rollout:
+        """The finished rollout's samples with their rewards (step 2)."""
+        with self.timer.phase("generation"):  # what is left of it: the engines may have run ahead (asyncQueueSize)
+            generations = ray.get(pending.generations)
+        prompts = [item for item in pending.prompts for _ in range(pending.samples_per_prompt)]  # prompt-major
+        samples = [c for per_engine, _ in generations for per_prompt in per_engine for c in per_prompt]
+        with self.timer.phase("rewards"):
+            reward = self._score_rewards(prompts, samples)
+        return Rollout(prompts, samples, reward, max(seconds for _, seconds in generations))
+
+    def _collect(self, pending: PendingRollout, batches: Iterator) -> tuple[Rollout, dict[str, float]]:
+        """The scored rollout; with dynamic sampling, its informative groups topped up from extra rollouts
+        of fresh prompts (rollout.dynamicSampling.maxExtraRounds at most), then with dropped groups."""
+        rollout, spec = self._scored(pending), self.rollout.dynamic_sampling
+        if not spec.enabled:
+            return rollout, {}
+        n, wanted = pending.samples_per_prompt, len(pending.prompts)
+        rounds = [rollout]
+        keep = [informative_groups(rollout.reward.total, n, spec)]
+        while sum(int(k.sum()) for k in keep) < wanted and len(rounds) <= spec.max_extra_rounds:
+            batch = self._extra_batch(batches)
+            if batch is None:
+                break
+            rounds.append(self._scored(self._start_rollout(*batch)))
+            keep.append(informative_groups(rounds[-1].reward.total, n, spec))
+        kept = [r.groups(k, n) for r, k in zip(rounds, keep)]
+        dropped = [r.groups(~k, n) for r, k in zip(rounds, keep)]
+        batch, refilled = fill_batch(kept, dropped, wanted, n)
+        sampled = torch.cat([r.reward.total for r in rounds])
+        return batch, {
+            "dynamic_sampling/dropped_groups": float(sum(int((~k).sum()) for k in keep)),
+            "dynamic_sampling/extra_rounds": float(len(rounds) - 1),
+            "dynamic_sampling/refilled_groups": float(refilled),
+            "dynamic_sampling/sampled_reward_mean": sampled.mean().item(),
+        }
 
     def _vllm_sleep(self, asleep: bool) -> None:
         """Hybrid engine (colocation all) on GPUs: vLLM frees its GPU memory while the models score
@@ -139,14 +213,12 @@ class Trainer(RunLoop):
 
     # -- 2-5. experience -------------------------------------------------------------------------
 
-    def _make_experience(self, batch: list[PromptItem], generations: list) -> tuple[Experience, dict[str, float]]:
-        """The scored, advantage-carrying Experience of one rollout, and its metrics."""
+    def _make_experience(self, rollout: Rollout) -> tuple[Experience, dict[str, float]]:
+        """The advantage-carrying Experience of one scored rollout, and its metrics."""
         n = self.rollout.samples_per_prompt
-        prompts = [item for item in batch for _ in range(n)]  # prompt-major, as grouped estimators read
-        samples = [c for per_engine, _ in generations for per_prompt in per_engine for c in per_prompt]
+        prompts, samples, reward = rollout.prompts, rollout.samples, rollout.reward
         sequences, attention_mask, action_mask = self._pack(prompts, samples)
 
-        reward = self._score_rewards(prompts, samples)
         log_probs, base_log_probs, values = self._log_probs_and_values(sequences, attention_mask, action_mask)
         kl, kl_penalty = self._kl(log_probs, base_log_probs, action_mask)
         advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, values)
@@ -154,27 +226,39 @@ class Trainer(RunLoop):
             sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
             action_log_probs=log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
-            group_ids=torch.arange(len(batch)).repeat_interleave(n),
+            group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
         )
-        generation_seconds = max(seconds for _, seconds in generations)
-        return experience, self._rollout_metrics(experience, reward, samples, generation_seconds)
+        return experience, self._rollout_metrics(experience, reward, samples, rollout.seconds)
 
     def _score_rewards(self, prompts: list[PromptItem], samples: list[Completion]) -> RewardResult:
-        """2. every spec.reward source's score of each completion, and their weighted total."""
+        """2. every spec.reward source's score of each completion (a whole episode's transcript), the
+        environment's episode reward, the length penalties, and their weighted total."""
         texts = self.tokenizer.batch_decode([c.token_ids for c in samples], skip_special_tokens=True)
-        return self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
+        if self.reward:
+            result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
+        else:
+            result = RewardResult(torch.zeros(len(samples)), {})
+        if self.spec.environment:
+            result.by_source["environment"] = torch.tensor([c.env_reward for c in samples], dtype=torch.float32)
+            result.total = result.total + self.spec.environment.reward_weight * result.by_source["environment"]
+        shaping = self.rollout.length_shaping
+        if shaping.overlong_buffer_tokens or shaping.truncation_penalty:
+            result.by_source["length_penalty"] = length_penalty(
+                torch.tensor([len(c.token_ids) for c in samples]), torch.tensor([c.truncated for c in samples]),
+                self.rollout.max_new_tokens, shaping)
+            result.total = result.total + result.by_source["length_penalty"]
+        return result
 
     def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
                               action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """3. the actor's and (with a KL penalty) the reference's log-probs of the response tokens, and
-        (ppo) the critic's values; each group working on the whole batch at once."""
+        (ppo) the critic's values; each group working on the whole batch, all groups at once."""
         num_actions = action_mask.shape[1]
-        log_probs = self.actor.forward(sequences, attention_mask, num_actions)
-        base_log_probs = values = None
-        if "reference" in self.groups:
-            base_log_probs = self.groups["reference"].forward(sequences, attention_mask, num_actions)
-        if "critic" in self.groups:
-            values = self.groups["critic"].forward(sequences, attention_mask, num_actions) * action_mask
+        started = {role: self.groups[role].start_forward(sequences, attention_mask, num_actions)
+                   for role in ("actor", "reference", "critic") if role in self.groups}
+        log_probs = started["actor"]()
+        base_log_probs = started["reference"]() if "reference" in started else None
+        values = started["critic"]() * action_mask if "critic" in started else None
         return log_probs, base_log_probs, values
 
     def _kl(self, log_probs: Tensor, base_log_probs: Tensor | None,
@@ -208,6 +292,7 @@ class Trainer(RunLoop):
             **{f"reward/{name}": scores.mean().item() for name, scores in reward.by_source.items()},
             "response_length": response_length.float().mean().item(),
             "truncated_fraction": sum(c.truncated for c in samples) / len(samples),
+            "turns": sum(c.turns for c in samples) / len(samples),
             "tokens_per_second": response_length.sum().item() / generation_seconds,
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
@@ -229,9 +314,11 @@ class Trainer(RunLoop):
         ])
         prompt_mask = torch.stack([torch.arange(width) >= width - len(p.prompt_token_ids) for p in prompts])
         response_ids = self._pad([c.token_ids for c in samples], num_actions, pad, torch.long)
-        action_mask = self._pad([[True] * len(c.token_ids) for c in samples], num_actions, False, torch.bool)
+        response_mask = self._pad([[True] * len(c.token_ids) for c in samples], num_actions, False, torch.bool)
+        # Observation tokens of multi-turn episodes are context (attention) but not actions (loss).
+        action_mask = self._pad([c.trained for c in samples], num_actions, False, torch.bool)
         sequences = torch.cat([prompt_ids, response_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, action_mask], dim=1).long()
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
         return sequences, attention_mask, action_mask
 
     @staticmethod
@@ -247,6 +334,23 @@ class Trainer(RunLoop):
                        micro_batch_size=self.training.micro_train_batch_size, epochs=self.training.epochs)
         pending = {role: g.train(experience, generator=generator, **options) for role, g in self.trained_groups.items()}
         return {key: value for refs in pending.values() for key, value in mean_metrics(refs).items()}
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Every evaluation set sampled and scored with the current weights; the best actor kept."""
+        sampling = self.evaluation.sampling(self.rollout)
+        metrics = {}
+        for name, dataset in self.evaluation.sets.items():
+            rollout = self._scored(self._start_rollout(dataset.items, {}, sampling))
+            metrics.update(self.evaluation.metrics(name, rollout.reward.total))
+        value = self.evaluation.best_value(metrics)
+        if value is not None and self.evaluation.better(value, self.best and self.best["value"]):
+            self.best = {"step": step, "metric": self.spec.evaluation.best_metric, "value": value}
+            checkpoint.save_best(self.checkpoint_dir, self.actor, self.best)
+        if self.best:
+            metrics.update({f"{EVAL}best/step": float(self.best["step"]), f"{EVAL}best/value": self.best["value"]})
+        return metrics
 
     # -- 7. weight sync ---------------------------------------------------------------------------
 

@@ -11,8 +11,12 @@ from .base import APIModel, API_VERSION, DateTime, GROUP, KIND, PLURAL, Passthro
 from .models import LoRASpec, ModelSpec, ModelsSpec, PVCSource
 from .reward import FunctionReward, HTTPReward, RewardSource, RewardSpec, SecretKeyRef
 from .data import DataSpec, DatasetSource, DatasetSpec
+from .shaping import DynamicSamplingSpec, LengthShapingSpec
+from .environment import EnvironmentClass, EnvironmentHTTP, EnvironmentSpec
+from .evaluation import EvalDataset, EvaluationSpec
 from .training import KLSpec, PreferenceSpec, RolloutSpec, TrainingSpec
 from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs
+from .tracking import MLflowSpec, TrackingSpec, WandbSpec
 from .job import Algorithm, CheckpointStatus, Condition, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
 
 __all__ = [
@@ -40,6 +44,13 @@ __all__ = [
     "DataSpec",
     "DatasetSource",
     "DatasetSpec",
+    "DynamicSamplingSpec",
+    "LengthShapingSpec",
+    "EnvironmentClass",
+    "EnvironmentHTTP",
+    "EnvironmentSpec",
+    "EvalDataset",
+    "EvaluationSpec",
     "KLSpec",
     "PreferenceSpec",
     "RolloutSpec",
@@ -50,6 +61,9 @@ __all__ = [
     "RDMASpec",
     "ResourcesSpec",
     "RoleGPUs",
+    "MLflowSpec",
+    "TrackingSpec",
+    "WandbSpec",
     "Algorithm",
     "CheckpointStatus",
     "Condition",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 GROUP = "rlhf.dev"
@@ -33,8 +34,9 @@ def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> ConfigDict:
 
 
 def section(model: type[BaseModel]) -> Any:
-    """An optional sub-object whose own fields all have defaults: absent means all defaults."""
-    return Field(default_factory=model, json_schema_extra={"default": {}})
+    """An optional sub-object whose own fields all have defaults: absent means all defaults (the CRD's
+    default is generated from the model, as for every field: crd.py)."""
+    return Field(default_factory=model)
 
 
 def immutable(what: str) -> dict[str, Any]:
@@ -44,7 +46,32 @@ def immutable(what: str) -> dict[str, Any]:
     }]}
 
 
+# The API server holds an integer as an int64.
+INT64 = range(-(2**63), 2**63)
+# Go's JSON encoder writes a whole float64 below 1e21 as an integer (2.0 as 2), and kubectl, Helm and
+# Argo CD send YAML through it: a whole YAML float reaches the API server as an integer.
+WHOLE_FLOAT_LIMIT = 1e21
+
+
 class APIModel(BaseModel):
+    # strict: types as the CRD's structural schema checks them (no "true" or 1 for a boolean, no true
+    # or "1" for an integer; a number takes an integer), not as pydantic would coerce them.
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", use_attribute_docstrings=True,
+        strict=True,
     )
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _numbers_as_the_api_server_reads_them(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, float) and value.is_integer() and abs(value) < WHOLE_FLOAT_LIMIT:
+            try:
+                return handler(value)  # a number field keeps the float
+            except ValueError:
+                value = int(value)  # an integer field reads it as kubectl sends it
+        result = handler(value)
+        if isinstance(value, bool) and not isinstance(result, bool):  # strict mode still lets Literal[0, 1] take True
+            raise PydanticCustomError("int_type", "Input should be a valid integer, not a boolean")
+        if type(result) is int and result not in INT64:
+            raise PydanticCustomError("int_range", "Input should fit in a 64-bit integer (the API server's int64)")
+        return result

@@ -15,7 +15,7 @@ class DatasetSource(APIModel):
     """One dataset in a mixture."""
 
     path: str = Field(min_length=1, max_length=1024)
-    """Hugging Face dataset id, or a path to a .jsonl/.json/.parquet file or a directory saved by datasets."""
+    """A Hugging Face dataset id (org/name), or a local .jsonl/.json/.parquet file (UTF-8), a directory saved by datasets or a folder of data files, relative to the job file's directory or absolute. A path that starts with /, ./ or ../, ends in .jsonl, .json or .parquet, or is not of the form org/name is local, and rlhf run refuses it before starting when it does not exist; org/name is a local folder if one exists there, else read from the hub."""
     split: str = Field("train", max_length=64)
     """Split to read (Hugging Face datasets)."""
     config: str | None = Field(None, max_length=128)
@@ -58,6 +58,6 @@ class DataSpec(APIModel):
     sft: DatasetSpec | None = Field(None, description=(
         f"Prompt/response records for {', '.join(algorithms.reading('sft'))}."))
     max_prompt_tokens: int = Field(1024, ge=8, le=1 << 20)
-    """Prompts longer than this are truncated from the left."""
+    """Prompts longer than this are truncated from the left (their end, with the question and the generation prompt, is kept); a warning counts them."""
     max_tokens: int = Field(2048, ge=16, le=1 << 20)
-    """Maximum prompt + response length for offline algorithms (sft, dpo, ...)."""
+    """Maximum prompt + response length for offline algorithms (sft, dpo, ...): a longer response loses its end; a warning counts them."""

@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
-from .. import algorithms
+from .. import algorithms, contract
 from ..algorithms import cel_list, prose
 from .base import API_VERSION, KIND, APIModel, DateTime, cel, immutable
 from .data import PREFERENCES, DataSpec
+from .environment import EnvironmentSpec
+from .evaluation import EvaluationSpec
 from .models import ModelsSpec
 from .resources import CheckpointSpec, ResourcesSpec
 from .reward import RewardSpec
 from .training import RolloutSpec, TrainingSpec
+from .tracking import TrackingSpec
 
 Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
 ONLINE = cel_list(algorithms.ONLINE)
+# The defaults that follow from spec.algorithm (RLHFJobSpec._algorithm_defaults): a CRD default is a
+# constant, so the API server leaves them unset and the models fill them in.
+ALGORITHM_DEFAULTS = (("training", "lossAggregation"),)
 # Kueue's webhook refuses to relabel a RayJob it has admitted, so the queue is chosen once.
 QUEUE_IMMUTABLE = ("spec.queueName cannot be set, changed or removed after creation (Kueue does not move an admitted "
                    "job between queues): delete the RLHFJob and create it again with the new queue")
 
 
+
+
+class CodeConfigMap(NamedTuple):
+    owner: str  # what loads it, for messages
+    missing_reason: str  # the status reason while it does not exist
+    name: str
+    mount_dir: str
 
 
 class RLHFJobSpec(APIModel):
@@ -30,8 +43,16 @@ class RLHFJobSpec(APIModel):
     model_config = cel(
         (f"!(self.algorithm in {ONLINE}) || has(self.data.prompts)",
          "online algorithms train on prompts: set spec.data.prompts", ".data"),
-        (f"!(self.algorithm in {ONLINE}) || has(self.reward)",
-         "online algorithms need a reward: set spec.reward.sources", ".algorithm"),
+        (f"!(self.algorithm in {ONLINE}) || has(self.reward) || has(self.environment)",
+         "online algorithms need a reward: set spec.reward.sources (or spec.environment)", ".algorithm"),
+        (f"self.algorithm in {ONLINE} || !has(self.environment)",
+         "offline algorithms learn from the dataset, not from an environment: remove spec.environment", ".environment"),
+        ("!has(self.environment) || !has(self.environment.maxTokensPerTurn) || "
+         "self.environment.maxTokensPerTurn <= self.rollout.maxNewTokens",
+         "environment.maxTokensPerTurn must not exceed rollout.maxNewTokens (the whole episode's budget)",
+         ".environment.maxTokensPerTurn"),
+        (f"self.algorithm in {ONLINE} || !has(self.evaluation)",
+         "evaluation samples with the rollout engines of online algorithms: remove spec.evaluation", ".evaluation"),
         (f"!(self.algorithm in {cel_list(PREFERENCES)}) || has(self.data.preferences)",
          f"{prose(PREFERENCES)} train on preference data: set spec.data.preferences", ".data"),
         (f"!(self.algorithm in {cel_list(algorithms.reading('sft'))}) || has(self.data.sft)",
@@ -56,6 +77,8 @@ class RLHFJobSpec(APIModel):
          "a vLLM engine runs within one node: tensorParallelSize must not exceed gpusPerNode", ".rollout.tensorParallelSize"),
         ("has(self.reward) == has(oldSelf.reward) && has(self.models.critic) == has(oldSelf.models.critic)",
          "spec.reward and spec.models define the run and are immutable; create a new RLHFJob instead"),
+        ("has(self.environment) == has(oldSelf.environment) && has(self.evaluation) == has(oldSelf.evaluation)",
+         "spec.environment and spec.evaluation define the run and are immutable; create a new RLHFJob instead"),
         ("has(self.queueName) == has(oldSelf.queueName)", QUEUE_IMMUTABLE, ".queueName"),
     )
 
@@ -68,20 +91,24 @@ class RLHFJobSpec(APIModel):
     """Reward sources (online algorithms only)."""
     data: DataSpec = Field(json_schema_extra=immutable("data"))
     """Datasets."""
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}, **immutable("rollout")})
+    environment: EnvironmentSpec | None = Field(None, json_schema_extra=immutable("environment"))
+    """Multi-turn environment of the rollouts (online algorithms; agent RL): instead of or besides spec.reward."""
+    evaluation: EvaluationSpec | None = Field(None, json_schema_extra=immutable("evaluation"))
+    """Evaluation sets scored during training, and the best checkpoint (online algorithms)."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=immutable("rollout"))
     """Generation settings (online algorithms)."""
-    # The whole default, not {}: the API server checks training's CEL rules on the default itself.
-    training: TrainingSpec = Field(default_factory=TrainingSpec, json_schema_extra={
-        "default": TrainingSpec().model_dump(by_alias=True, exclude_none=True), **immutable("training")})
+    training: TrainingSpec = Field(default_factory=TrainingSpec, json_schema_extra=immutable("training"))
     """Optimisation settings."""
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}, **immutable("resources")})
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra=immutable("resources"))
     """Pods, GPUs, networking and environment."""
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra={"default": {}, **immutable("checkpoint")})
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra=immutable("checkpoint"))
     """Checkpoints and resume."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, json_schema_extra=immutable("tracking"))
+    """Experiment tracking: Weights & Biases and MLflow, besides the TensorBoard events and metrics.jsonl always written to checkpoint.path/logs."""
     suspend: bool = False
     """Suspend the job: its Ray cluster is deleted and recreated on resume (from the newest checkpoint). Kueue sets this."""
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
-    """Delete the RLHFJob (and its children) this long after it succeeds or fails."""
+    """Delete the RLHFJob (and its children) this long after it succeeds or fails. Not applied to a job Argo CD syncs (annotation argocd.argoproj.io/tracking-id): auto-sync would create it again and rerun it; remove it from Git instead."""
     active_deadline_seconds: int | None = Field(None, ge=1)
     """Fail the job when it has run longer than this since it first started, across every retry (KubeRay restarts its own deadline with each attempt; the operator enforces the total)."""
     startup_deadline_seconds: int | None = Field(None, ge=1)
@@ -100,6 +127,18 @@ class RLHFJobSpec(APIModel):
         if self.training.loss_aggregation is None:
             self.training.loss_aggregation = algorithms.ALGORITHMS[self.algorithm].loss_aggregation
         return self
+
+    def code_config_maps(self) -> list[CodeConfigMap]:
+        """Every ConfigMap of Python code the job loads (function rewards', the environment's): the
+        operator waits for each and mounts it where the trainer looks."""
+        found = [CodeConfigMap(f"reward source {s.name!r}", "RewardConfigMapNotFound", s.function.config_map,
+                               f"{contract.REWARD_FUNCTIONS_DIR}/{s.name}")
+                 for s in (self.reward.sources if self.reward else []) if s.function and s.function.config_map]
+        environment = self.environment.function if self.environment else None
+        if environment and environment.config_map:
+            found.append(CodeConfigMap("the environment", "EnvironmentConfigMapNotFound", environment.config_map,
+                                       contract.ENVIRONMENT_CODE_DIR))
+        return found
 
 
 # ----------------------------------------------------------------------------------------- status
@@ -166,6 +205,8 @@ class Metrics(APIModel):
     """Generated tokens per second in the last rollout."""
     learning_rate: float | None = None
     """Current actor learning rate."""
+    evaluation: dict[str, float] | None = None
+    """Latest evaluation results (spec.evaluation): <set>/mean_reward, <set>/pass@<k>, and for bestMetric best/step and best/value (the checkpoint in checkpoint.path/best)."""
 
 
 class CheckpointStatus(APIModel):

@@ -6,12 +6,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import APIModel
+from .base import APIModel, cel
 
 
 
 class LoRASpec(APIModel):
-    """Train low-rank adapters instead of all weights (Hu et al. 2021, arXiv:2106.09685)."""
+    """Train low-rank adapters instead of all weights (Hu et al. 2021, arXiv:2106.09685): the base weights stay
+    frozen, vLLM is sent the merged weights after every update, and the final model is exported as the adapter."""
 
     rank: int = Field(16, ge=1, le=1024)
     """Adapter rank r."""
@@ -22,7 +23,11 @@ class LoRASpec(APIModel):
     target_modules: list[Annotated[str, Field(max_length=128)]] = Field(
         default_factory=lambda: ["all-linear"], max_length=64
     )
-    """Module names to adapt, or all-linear."""
+    """Module names to adapt (e.g. q_proj, v_proj), or all-linear: every linear layer but the output head."""
+    export_merged: bool = False
+    """Also export the base model with the adapter merged in, in Hugging Face format, to checkpoint.path/final/merged."""
+    quantization: Literal["none", "nf4"] = "none"
+    """nf4: QLoRA, the frozen base weights held in 4-bit NormalFloat (Dettmers et al. 2023, arXiv:2305.14314). Needs GPUs (bitsandbytes) and training.zeroStage 2 or lower."""
 
 
 class PVCSource(APIModel):
@@ -50,11 +55,17 @@ class ModelSpec(APIModel):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
     lora: LoRASpec | None = None
-    """Train LoRA adapters instead of full weights (actor and critic only)."""
+    """Train LoRA adapters instead of full weights (actor and critic only). With a LoRA actor and no models.reference, the reference is the actor's base weights with the adapters switched off: no second copy of the model."""
 
 
 class ModelsSpec(APIModel):
     """The models of the run. Only the actor is required; the others follow from the algorithm."""
+
+    model_config = cel(*(
+        (f"!has(self.{role}) || !has(self.{role}.lora)",
+         f"the {role} model is frozen and trains no adapters: remove models.{role}.lora", f".{role}.lora")
+        for role in ("reference", "reward")
+    ))
 
     actor: ModelSpec
     """The policy being trained (for sft, dpo and rm: the model being fine-tuned)."""

@@ -54,6 +54,16 @@ class PodResources(APIModel):
     """Memory request and limit."""
 
 
+class HeadResources(PodResources):
+    """CPU and memory of the Ray head pod (the trainer driver: no model weights, no GPUs)."""
+
+    # Its own field defaults, so that head: {} and an absent head mean the same.
+    cpu: Quantity = "4"
+    """CPU request and limit."""
+    memory: Quantity = "16Gi"
+    """Memory request and limit."""
+
+
 class RoleGPUs(APIModel):
     """GPUs per role when roles do not share GPUs (training.colocation none or actor-reference). Unset roles are sized automatically."""
 
@@ -91,7 +101,7 @@ class ResourcesSpec(APIModel):
     """Required value of the node label nvidia.com/gpu.product (e.g. NVIDIA-H100-80GB-HBM3)."""
     gpus: RoleGPUs = section(RoleGPUs)
     """Per-role GPU counts."""
-    head: PodResources = Field(default_factory=lambda: PodResources(cpu="4", memory="16Gi"), json_schema_extra={"default": {}})
+    head: HeadResources = section(HeadResources)
     """Ray head pod (runs the trainer driver, no GPUs)."""
     worker: PodResources = section(PodResources)
     """Each GPU worker pod."""

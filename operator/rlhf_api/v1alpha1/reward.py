@@ -8,6 +8,8 @@ from pydantic import Field
 
 from .base import APIModel, cel
 
+# module:name importable in the image, or file.py:name (function rewards and environment classes).
+ENTRYPOINT_PATTERN = r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class SecretKeyRef(APIModel):
@@ -22,7 +24,7 @@ class SecretKeyRef(APIModel):
 class FunctionReward(APIModel):
     """A Python function `fn(prompts, completions, labels) -> list[float]` (one score per completion)."""
 
-    entrypoint: str = Field(pattern=r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$", max_length=512)
+    entrypoint: str = Field(pattern=ENTRYPOINT_PATTERN, max_length=512)
     """module:function importable in the image, or file.py:function (relative to the ConfigMap or the job file's directory)."""
     config_map: str | None = Field(None, max_length=253)
     """ConfigMap whose keys are Python files; it is mounted and put on the import path."""
@@ -38,7 +40,7 @@ class HTTPReward(APIModel):
     timeout_seconds: float = Field(30, gt=0, le=3600)
     """Per-request timeout."""
     retries: int = Field(3, ge=0, le=20)
-    """Retries on connection errors and 5xx answers, with exponential backoff."""
+    """Retries of a batch that got no answer within timeoutSeconds, an HTTP 408, 429 or 5xx answer, malformed JSON or the wrong number of rewards. Each waits the server's Retry-After (at most 60 s), else a random time up to 1, 2, 4... s (exponential backoff with jitter, at most 60 s); then the run fails with the last answer. Other 4xx answers fail at once."""
     auth_secret_ref: SecretKeyRef | None = None
     """Bearer token for the Authorization header, read from a Secret at run time."""
 

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from ..algorithms import CATALOGUE, AlgorithmInfo
 from .base import APIModel, cel, section
+from .shaping import DynamicSamplingSpec, LengthShapingSpec
 
 # Names shared with the trainer's registry (rlhf_trainer.losses.LOSS_AGGREGATIONS; a test checks them).
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -15,6 +16,17 @@ LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-s
 
 class RolloutSpec(APIModel):
     """Generation with vLLM engines (online algorithms)."""
+
+    model_config = cel(
+        ("!has(self.lengthShaping) || !has(self.lengthShaping.overlongBufferTokens) || "
+         "self.lengthShaping.overlongBufferTokens < self.maxNewTokens",
+         "lengthShaping.overlongBufferTokens must be smaller than maxNewTokens (it is the end of that budget)",
+         ".lengthShaping.overlongBufferTokens"),
+        ("!has(self.dynamicSampling) || !has(self.dynamicSampling.enabled) || !self.dynamicSampling.enabled || "
+         "self.samplesPerPrompt > 1",
+         "dynamic sampling drops groups whose samples all earn the same reward: set samplesPerPrompt to 2 or more",
+         ".dynamicSampling.enabled"),
+    )
 
     engines: int = Field(1, ge=1, le=1024)
     """Number of vLLM engines."""
@@ -36,6 +48,10 @@ class RolloutSpec(APIModel):
     """Disable CUDA graphs (slower decoding, faster start, less memory)."""
     enable_prefix_caching: bool = True
     """Reuse KV cache across samples of one prompt."""
+    dynamic_sampling: DynamicSamplingSpec = section(DynamicSamplingSpec)
+    """Drop groups that train nothing and sample more prompts (DAPO)."""
+    length_shaping: LengthShapingSpec = section(LengthShapingSpec)
+    """Overlong and truncation penalties (DAPO)."""
 
 
 # --------------------------------------------------------------------------------------- training
@@ -147,5 +163,7 @@ class TrainingSpec(APIModel):
     """Share GPUs: none (each role has its own), actor-reference, or all (hybrid engine: every model and vLLM on the same GPUs, taking turns)."""
     async_queue_size: int = Field(0, ge=0, le=64)
     """0: rollout and training alternate. N > 0: rollouts run up to N batches ahead of training (off-policy by up to N updates)."""
+    pack_samples: bool = True
+    """Pack each micro-batch's samples into rows without padding in the language models' forward and backward passes (actor and reference log-probs, the sft, dpo, ipo, cdpo and kto steps; not the critic's or reward model's): position ids restart at each sample and attention stays within it, with every models.*.attnImplementation. false pads every sample to the longest."""
     seed: int = 42
     """Random seed for data order, sampling and initialisation."""

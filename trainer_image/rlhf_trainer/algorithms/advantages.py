@@ -73,12 +73,14 @@ def token_rewards(seq_rewards: Tensor, action_mask: Tensor, kl_penalty: Tensor |
 
 
 def discounted_returns(rewards: Tensor, action_mask: Tensor, gamma: float) -> Tensor:
-    """``G_t = r_t + gamma * G_{t+1}`` right to left, ``[B, T]``, 0 outside the mask."""
+    """``G_t = r_t + gamma * G_{t'}`` right to left over the policy's tokens (t' the next one), ``[B, T]``,
+    0 outside the mask: the tokens between two policy tokens (an environment's observation in a
+    multi-turn episode) are part of the transition, not steps of their own."""
     mask = action_mask.to(rewards.dtype)
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t] > 0, rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return returns * mask
 
@@ -129,11 +131,12 @@ def gae(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     advantages = torch.zeros_like(values)
     running = torch.zeros_like(values[:, 0])
     next_value = torch.zeros_like(values[:, 0])
-    for t in reversed(range(values.shape[1])):
+    for t in reversed(range(values.shape[1])):  # masked tokens (observations, padding) are skipped
+        acting = mask[:, t] > 0
         delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
-        running = delta + cfg.gamma * cfg.lambd * running
+        running = torch.where(acting, delta + cfg.gamma * cfg.lambd * running, running)
         advantages[:, t] = running
-        next_value = values[:, t]
+        next_value = torch.where(acting, values[:, t], next_value)
     returns = advantages + values
     return _finish(advantages, returns, mask, cfg, whiten_by_default=True)
 

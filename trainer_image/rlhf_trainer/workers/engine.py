@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Iterator
 
@@ -25,6 +25,8 @@ from rlhf_api.algorithms import AlgorithmInfo
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..losses import token_log_probs
+from .lora import apply_lora, quantization_config
+from .packing import pack, unpack_logits
 
 CAUSAL_LM_ROLES = ("actor", "reference")
 TRAINED_ROLES = ("actor", "critic", "rm")
@@ -126,17 +128,26 @@ class Model:
     # Under ZeRO-3, from_pretrained must see the config to load straight into shards; it has to
     # stay alive as long as the model (transformers holds only a weak reference).
     hf_ds_config: Any = None
+    peft: Any = None  # with models.<role>.lora: the PeftModel around the engine's module (lora.py)
+    grad_norms: list[float] = field(default_factory=list)  # per optimizer step, see backward_step
 
     @property
     def device(self) -> torch.device:
         return self.engine.device
 
     def action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
-        """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature."""
-        logits = self.engine(
-            input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-            logits_to_keep=num_actions + 1,
-        ).logits[:, :-1]
+        """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature; the
+        samples packed without padding with training.packSamples (packing.py)."""
+        if self.cfg.training.pack_samples:
+            packed = pack(sequences, attention_mask, num_actions)
+            # No KV cache: transformers reads packed position ids as sample boundaries only without one.
+            logits = unpack_logits(self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                               logits_to_keep=packed.keep, use_cache=False).logits, packed)
+        else:
+            logits = self.engine(
+                input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                logits_to_keep=num_actions + 1,
+            ).logits[:, :-1]
         return logits.float() / (self.cfg.temperature or 1.0)
 
     def action_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
@@ -155,6 +166,12 @@ class Model:
         return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
     @contextmanager
+    def base_weights(self) -> Iterator[None]:
+        """The base model, its LoRA adapters switched off (the reference a LoRA actor shares)."""
+        with self.peft.disable_adapter():
+            yield
+
+    @contextmanager
     def scoring(self) -> Iterator[None]:
         """The module in eval mode (dropout off) while it scores rollouts: the old and reference
         log-probs and the values are those of the deterministic model; then back in its mode."""
@@ -166,9 +183,23 @@ class Model:
             self.engine.train(mode)
 
     def backward_step(self, loss: Tensor) -> None:
-        """Accumulate the loss's gradients; DeepSpeed steps the optimizer at the accumulation boundary."""
+        """Accumulate the loss's gradients; DeepSpeed steps the optimizer at the accumulation boundary,
+        and the global gradient norm before clipping joins grad_norms."""
         self.engine.backward(loss)
+        boundary = self.engine.is_gradient_accumulation_boundary()  # before step() counts this micro-batch
+        # ZeRO-1..3 and the bf16/fp16 optimizers keep the norm they clip with; plain ZeRO-0 in fp32 clips
+        # with torch and drops it, so it is taken here, from the gradients all-reduced by backward().
+        own_norm = boundary and not hasattr(self.engine.optimizer, "_global_grad_norm")
+        if own_norm:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None])
         self.engine.step()
+        if boundary:
+            self.grad_norms.append(float(norm if own_norm else self.engine.get_global_grad_norm()))
+
+    def take_grad_norm(self) -> float | None:
+        """The mean gradient norm of the optimizer steps since the last call (None: there was none)."""
+        norms, self.grad_norms = self.grad_norms, []
+        return sum(norms) / len(norms) if norms else None
 
     def micro_batch_divisor(self, step_total: float) -> float:
         """What a micro-batch divides its loss sum by for the optimizer step's gradient to be that of
@@ -191,20 +222,23 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     ds_config = deepspeed_config(cfg, world_size)
     zero3 = ds_config["zero_optimization"]["stage"] == 3
     hf_ds_config = HfDeepSpeedConfig(ds_config) if zero3 else None
-    load = dict(dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation,
-                revision=cfg.model.revision)
-    if cfg.role in CAUSAL_LM_ROLES:
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
-    else:
-        model = ValueModel(AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load))
-    tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
     trainable = cfg.role in TRAINED_ROLES
+    lora = cfg.model.lora if trainable else None
+    load = dict(dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation,
+                revision=cfg.model.revision, quantization_config=quantization_config(lora))
+    if cfg.role in CAUSAL_LM_ROLES:
+        hf_model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
+    else:
+        hf_model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
+    peft = apply_lora(hf_model, lora, cfg.role) if lora else None  # in place: hf_model stays the module
     if not trainable:
-        model.requires_grad_(False)
+        hf_model.requires_grad_(False)
     elif cfg.model.gradient_checkpointing:
-        hf_model = model if cfg.role in CAUSAL_LM_ROLES else model.classifier
         hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = hf_model if cfg.role in CAUSAL_LM_ROLES else ValueModel(hf_model)
     engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+                                      model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       lr_scheduler=partial(lr_scheduler, cfg) if trainable else None)
     engine.train(trainable)
-    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config)
+    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft)

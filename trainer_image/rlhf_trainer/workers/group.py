@@ -9,12 +9,17 @@ One placement group holds a bundle per GPU (per process on CPU). Roles that shar
 
 On CPU (resources.gpusPerNode 0) a bundle is one CPU, resources.gpus.<role> counts processes,
 and each role defaults to one.
+
+A role may be served by another role's ranks (`shared_roles`) and then takes no bundles: the
+reference of a LoRA actor is the actor's base weights with its adapters switched off.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import ray
 import torch
@@ -40,6 +45,7 @@ class Placement:
     bundles: int
     ranks: dict[str, list[int]]  # role -> bundle of each rank; "rollout" -> first bundle of each engine
     engine_width: int = 1  # bundles per vLLM engine (its tensor-parallel size)
+    shared: dict[str, str] = field(default_factory=dict)  # role -> the role whose ranks serve it (shared_roles)
 
     @property
     def bundle_resources(self) -> list[dict[str, float]]:
@@ -66,9 +72,21 @@ def roles_of(spec: RLHFJobSpec) -> list[str]:
     return roles
 
 
+def shared_roles(spec: RLHFJobSpec) -> dict[str, str]:
+    """Roles served by another role's ranks, role -> serving role. A LoRA actor's frozen base is the
+    reference when the reference would be the actor's initial weights (no models.reference): its
+    log-probs are read with the adapters switched off, with no second copy of the model. A separate
+    reference group is still loaded when models.reference names a model of its own, and for an
+    actor that trains all its weights (its initial weights are gone after the first update)."""
+    if "reference" in roles_of(spec) and spec.models.actor.lora is not None and spec.models.reference is None:
+        return {"reference": "actor"}
+    return {}
+
+
 def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
     """Ranks per role and their bundles; raises InvalidJob when the roles do not fit the GPUs."""
-    roles, colocation = roles_of(spec), spec.training.colocation
+    shared, colocation = shared_roles(spec), spec.training.colocation
+    roles = [role for role in roles_of(spec) if role not in shared]
     explicit = {role: getattr(spec.resources.gpus, "actor" if role == "rm" else role) for role in roles}
     tp = spec.rollout.tensor_parallel_size
     engines = spec.rollout.engines if ALGORITHMS[spec.algorithm].online else 0
@@ -98,7 +116,7 @@ def plan_placement(spec: RLHFJobSpec, use_gpu: bool) -> Placement:
             bundles += sizes[role]
         ranks[ROLLOUT] = [bundles + e * tp for e in range(engines)]
         bundles += engine_gpus
-    return Placement(use_gpu, bundles, ranks, tp)
+    return Placement(use_gpu, bundles, ranks, tp, shared)
 
 
 def _split_gpus(spec: RLHFJobSpec, roles: list[str], explicit: dict, engine_gpus: int) -> dict[str, int]:
@@ -143,10 +161,18 @@ class ModelGroup:
         worker = ray.remote(ModelWorker)
         bundles = placement.ranks[role]
         self.role = role
+        self.base = False  # read with LoRA adapters off (base_model_view)
         self.workers = [
             worker.options(**_on_bundle(group, placement, bundle)).remote(rank, len(bundles))
             for rank, bundle in enumerate(bundles)
         ]
+
+    def base_model_view(self, role: str) -> ModelGroup:
+        """The same ranks, their forward passes read from the base model (LoRA adapters off): `role`
+        served without a model of its own (Placement.shared)."""
+        view = copy.copy(self)
+        view.role, view.base = role, True
+        return view
 
     @property
     def size(self) -> int:
@@ -168,14 +194,19 @@ class ModelGroup:
 
     def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """Log-probs or values [B, T], the batch split over the ranks."""
-        shards, pad = self._shards(sequences.shape[0])
+        return self.start_forward(sequences, attention_mask, num_actions)()
+
+    def start_forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Callable[[], Tensor]:
+        """`forward` sent to the ranks without waiting: calling the result waits for its output, so
+        other groups can work on their passes meanwhile."""
+        rows = sequences.shape[0]
+        shards, pad = self._shards(rows)
         # Pad by repeating the last row so every ZeRO-3 rank runs the same number of forward passes.
         sequences = torch.cat([sequences, sequences[-1:].expand(pad, -1)])
         attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
-        outputs = ray.get([
-            w.forward.remote(sequences[s], attention_mask[s], num_actions) for w, s in zip(self.workers, shards)
-        ])
-        return torch.cat(outputs)[: sequences.shape[0] - pad]
+        refs = [w.forward.remote(sequences[s], attention_mask[s], num_actions, self.base)
+                for w, s in zip(self.workers, shards)]
+        return lambda: torch.cat(ray.get(refs))[:rows]
 
     def score(self, prompts: list[str], completions: list[str]) -> Tensor:
         """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer)."""

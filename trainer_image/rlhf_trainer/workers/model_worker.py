@@ -9,11 +9,15 @@ save_checkpoint and load_checkpoint.
 
 Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
 sharded parameters collectively); `ModelGroup` guarantees it by giving ranks equal shards.
+
+A LoRA actor also serves as the reference when there is no models.reference (`forward(base=True)`,
+through ModelGroup.base_model_view): the same ranks, adapters switched off.
 """
 
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -44,13 +48,14 @@ class ModelWorker:
     # -- forward passes --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
-        """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T], in eval mode."""
+    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, base: bool = False) -> Tensor:
+        """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T], in eval mode;
+        base: of the base model, LoRA adapters off (a LoRA actor serving as the reference)."""
         model = self.model
         read = model.action_values if model.cfg.role == "critic" else model.action_log_probs
         micro = model.cfg.training.micro_rollout_batch_size
         outputs = []
-        with model.scoring():
+        with model.scoring(), model.base_weights() if base else nullcontext():
             for start in range(0, sequences.shape[0], micro):
                 rows = slice(start, start + micro)
                 outputs.append(read(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
@@ -86,14 +91,19 @@ class ModelWorker:
         actor = self.model.cfg.role == "actor"
         metrics = mean_over_micro_batches(self.model, policy_step if actor else value_step, micro_batches)
         metrics["learning_rate" if actor else "critic_learning_rate"] = self.model.learning_rate
-        return metrics
+        return metrics | self._grad_norm()
 
     def train_offline(self, micro_batches: list[OfflineBatch], objective: str, options: dict) -> dict[str, float]:
         """One optimizer step's share of micro-batches on this rank, each trained with
         OFFLINE_STEPS[objective] (offline.Objective.step) and the objective's options."""
         metrics = mean_over_micro_batches(self.model, OFFLINE_STEPS[objective], micro_batches, **options)
         metrics["learning_rate"] = self.model.learning_rate
-        return metrics
+        return metrics | self._grad_norm()
+
+    def _grad_norm(self) -> dict[str, float]:
+        """<role>/grad_norm: the global gradient norm before clipping, averaged over this call's optimizer steps."""
+        norm = self.model.take_grad_norm()
+        return {} if norm is None else {f"{self.model.cfg.role}/grad_norm": norm}
 
     # -- weights out (collective: every rank is called) -------------------------------------------
 
@@ -117,9 +127,11 @@ class ModelWorker:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str, tag: str) -> None:
-        self.model.engine.save_checkpoint(directory, tag=tag, save_latest=False)
+        # A LoRA model's frozen base is the model it loads from: the checkpoint holds the adapters only.
+        self.model.engine.save_checkpoint(directory, tag=tag, save_latest=False,
+                                          exclude_frozen_parameters=self.model.peft is not None)
 
     def load_checkpoint(self, directory: str, tag: str) -> None:
-        path, _ = self.model.engine.load_checkpoint(directory, tag=tag)
+        path, _ = self.model.engine.load_checkpoint(directory, tag=tag, load_module_strict=self.model.peft is None)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")

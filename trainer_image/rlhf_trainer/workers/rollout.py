@@ -10,27 +10,61 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from rlhf_api.v1alpha1 import RolloutSpec
 
 # The engine actor's environment on CPU (set through Ray's runtime_env, before vLLM is imported).
+# No VLLM_CPU_KVCACHE_SPACE: it counts whole GiB and would override kv_cache_memory_bytes.
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: ~2 s start, ~1 GB less
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; the default takes a large share of RAM
     "VLLM_CPU_OMP_THREADS_BIND": "all",
+    # The engine runs eager; dynamo would only compile vLLM's sampled-token ranking helper
+    # (batched_count_greater_than) on the first generate: seconds of inductor, no faster after.
+    "TORCHDYNAMO_DISABLE": "1",
     "VLLM_LOGGING_LEVEL": "ERROR",  # INFO lines per request, and a warning per weight reload about the tied lm_head
 }
+
+
+MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM, on CPU and on most GPUs: sequences it runs at once
+CPU_BLOCK_SIZE = 128  # tokens per KV block: vLLM-CPU's default, passed explicitly so kv_cache_bytes counts its blocks
+
+
+def kv_cache_bytes(config, dtype: str, *, max_model_len: int, sequences: int, block_size: int) -> int:
+    """The KV cache a rollout fills: `sequences` at once (vLLM runs MAX_NUM_SEQS at most), each up to
+    max_model_len tokens in whole blocks, plus the null block vLLM holds back. `config` is the model's
+    Hugging Face config; the cache has the model's dtype."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    token_bytes = text.num_hidden_layers * 2 * kv_heads * head_dim * getattr(torch, dtype).itemsize  # K and V
+    blocks = min(sequences, MAX_NUM_SEQS) * -(-max_model_len // block_size) + 1
+    return blocks * block_size * token_bytes
 
 
 @dataclass
 class Completion:
     token_ids: list[int]
-    log_probs: list[float]  # of each sampled token, at the sampling temperature
+    log_probs: list[float]  # of each sampled token, at the sampling temperature (0 on observation tokens)
     truncated: bool  # stopped by maxNewTokens rather than by EOS
+    # Multi-turn episodes (environments.runner): True on the policy's tokens, False on the environment's
+    # observations (context, not trained on); None: every token is the policy's.
+    policy_mask: list[bool] | None = None
+    env_reward: float = 0.0  # the episode's reward: the sum of the environment's step rewards
+    turns: int = 1  # policy turns of the episode
+
+    @property
+    def trained(self) -> list[bool]:
+        """Which tokens the loss sees: the policy's."""
+        return self.policy_mask if self.policy_mask is not None else [True] * len(self.token_ids)
 
 
 class RolloutEngine:
     def __init__(self, model_path: str, *, rollout: RolloutSpec, dtype: str, max_model_len: int, seed: int,
-                 use_gpu: bool, revision: str | None = None, sleep_mode: bool = False):
+                 use_gpu: bool, revision: str | None = None, sleep_mode: bool = False, sequences: int = MAX_NUM_SEQS):
+        """sequences: how many this engine samples at once (a rollout's prompts x samplesPerPrompt,
+        split over the engines); the KV cache on CPU holds that many (kv_cache_bytes)."""
+        from transformers import AutoConfig
         from vllm import LLM
 
         options = dict(
@@ -49,15 +83,25 @@ class RolloutEngine:
                 enable_sleep_mode=sleep_mode,  # hybrid engine: free the GPUs while training
             )
         else:
-            options.update(enforce_eager=True)  # no CUDA graphs on CPU
+            options.update(
+                enforce_eager=True,  # no CUDA graphs on CPU
+                block_size=CPU_BLOCK_SIZE,
+                # vLLM-CPU's own default is a share of the machine's RAM; this job needs megabytes.
+                kv_cache_memory_bytes=kv_cache_bytes(
+                    AutoConfig.from_pretrained(model_path, revision=revision), dtype,
+                    max_model_len=max_model_len, sequences=sequences, block_size=CPU_BLOCK_SIZE),
+            )
         self.llm = LLM(**options)
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: dict) -> tuple[list[list[Completion]], float]:
-        """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields), and the seconds it took."""
+    def generate(self, prompt_token_ids: list[list[int]],
+                 sampling: dict | list[dict]) -> tuple[list[list[Completion]], float]:
+        """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields, or one such dict per
+        prompt: multi-turn episodes each have their own token budget), and the seconds it took."""
         from vllm import SamplingParams
 
         started = time.perf_counter()
-        params = SamplingParams(logprobs=0, **sampling)
+        per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompt_token_ids)
+        params = [SamplingParams(logprobs=0, **options) for options in per_prompt]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
         completions = [
             [

@@ -4,6 +4,9 @@ Actor rank 0 and every vLLM worker form a torch.distributed group of their own (
 outside both the actor's DeepSpeed world and vLLM's. After each update every actor rank takes part
 in gathering the ZeRO-3 shards, parameter by parameter; rank 0 first announces the parameters
 (name, dtype, shape) to the engines through Ray, then broadcasts each one as soon as it is gathered.
+A LoRA actor sends the base model's weights with its adapters merged in (W + scale * B @ A, see
+workers/lora.py), under the names vLLM loads; vLLM serves them as a plain model. Every weight is
+sent, also those LoRA leaves unchanged: vLLM reloads a layer from all of its weights.
 Each vLLM worker reloads its model in place from the stream of received tensors, with the loader
 vLLM uses on both platforms (the worker's `reload_weights`), and the engine then drops its prefix
 cache (cached KV blocks were computed with the old weights).
@@ -97,14 +100,14 @@ def _wait_until_idle(engines: list) -> None:
 def broadcast_parameters(model, sync_group: SyncGroup | None, engines: list, dtype: torch.dtype) -> None:
     """Runs on every actor rank (the gather is collective); rank 0 announces the parameters to the
     engines, then broadcasts each one over its sync_group as soon as it is gathered."""
-    from .weights import full_shapes, named_full_parameters  # here: vLLM's workers import this module
+    from .weights import full_shapes, named_merged_parameters  # here: vLLM's workers import this module
 
     receiving = []
     if model.rank == 0:
         dtype_name = str(dtype).removeprefix("torch.")
         announced = [(name, dtype_name, shape) for name, shape in full_shapes(model)]
         receiving = [engine.receive_weights.remote(announced) for engine in engines]
-    for _, tensor in named_full_parameters(model, dtype):
+    for _, tensor in named_merged_parameters(model, dtype):
         if model.rank == 0:
             sync_group.broadcast(tensor.contiguous())
     ray.get(receiving)

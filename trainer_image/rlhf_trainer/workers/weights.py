@@ -3,38 +3,58 @@ state dict, as checksums, or exported in Hugging Face format.
 
 Under ZeRO-3 reading a full parameter is a collective gather: every rank of the group must make
 the same calls, in the same order (ModelGroup.call does), even where only rank 0 keeps the result.
+
+A LoRA model (workers/lora.py) is read two ways: its own parameters (adapters included, under
+peft's names: checksums), or as the base model with the adapters merged in, under the base
+model's names (lora.merged_entries: the weight sync, the merged export).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import Tensor
 
 from .engine import Model, ValueModel
+from .lora import merged_entries
 
 
-def named_full_parameters(model: Model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
-    """(name, full tensor) per parameter, gathered from the ZeRO-3 shards; every rank must iterate."""
+def named_full_parameters(model: Model, dtype: torch.dtype | None = None,
+                          trained_only: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """(name, full tensor) per parameter of the engine's module (only those with gradients when
+    trained_only), gathered from the ZeRO-3 shards; every rank must iterate."""
     import deepspeed
 
     for name, param in model.engine.module.named_parameters():
+        if trained_only and not param.requires_grad:
+            continue
         with deepspeed.zero.GatheredParameters([param], enabled=model.zero3):
             yield name, param.data.to(dtype or param.dtype)
 
 
+def named_merged_parameters(model: Model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+    """(base model's name, full tensor) per weight of the model as Hugging Face and vLLM load it:
+    LoRA adapters merged into their layers (each layer and its adapters gathered together); every
+    rank must iterate."""
+    import deepspeed
+
+    for name, _, params, compute in merged_entries(model.engine.module):
+        with deepspeed.zero.GatheredParameters(params, enabled=model.zero3):
+            tensor = compute()
+            yield name, tensor.to(dtype or tensor.dtype)
+
+
 def full_shapes(model: Model) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, full shape) per parameter, in named_full_parameters' order, without a gather: a
-    ZeRO-3 shard keeps its parameter's full shape as `ds_shape`."""
-    return [(name, tuple(getattr(param, "ds_shape", param.shape)))
-            for name, param in model.engine.module.named_parameters()]
+    """(name, full shape) per weight, in named_merged_parameters' order, without a gather."""
+    return [(name, shape) for name, shape, _, _ in merged_entries(model.engine.module)]
 
 
 def state_dict(model: Model, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
-    """The full weights on rank 0 (CPU tensors in Hugging Face names); None on the other ranks."""
+    """The full merged weights on rank 0 (CPU tensors in Hugging Face names); None on the other ranks."""
     weights = {}
-    for name, tensor in named_full_parameters(model, dtype):
+    for name, tensor in named_merged_parameters(model, dtype):
         if model.rank == 0:
             weights[name] = tensor.detach().to("cpu", copy=True)
     return weights if model.rank == 0 else None
@@ -46,7 +66,17 @@ def checksums(model: Model) -> dict[str, float]:
 
 
 def save_pretrained(model: Model, directory: str) -> None:
-    """Export in Hugging Face format (rank 0 writes; every rank takes part in the gather)."""
+    """Export in Hugging Face format (rank 0 writes; every rank takes part in the gathers). A LoRA
+    model is exported as its adapter (peft's format, loaded with PeftModel.from_pretrained onto the
+    base), and with lora.exportMerged also merged, to directory/merged."""
+    lora = model.cfg.model.lora if model.peft is not None else None
+    if lora is not None:
+        _save_adapter(model, directory)
+    if lora is None or lora.export_merged:
+        _save_merged(model, directory if lora is None else str(Path(directory) / "merged"))
+
+
+def _save_merged(model: Model, directory: str) -> None:
     weights = state_dict(model)
     if model.rank == 0:
         module = model.engine.module
@@ -54,4 +84,15 @@ def save_pretrained(model: Model, directory: str) -> None:
             module = module.classifier
             weights = {name.removeprefix("classifier."): tensor for name, tensor in weights.items()}
         module.save_pretrained(directory, state_dict=weights)
+        model.tokenizer.save_pretrained(directory)
+
+
+def _save_adapter(model: Model, directory: str) -> None:
+    """The trained parameters (adapters, and a classifier's score head) in peft's format."""
+    trained = {}
+    for name, tensor in named_full_parameters(model, trained_only=True):
+        if model.rank == 0:
+            trained["base_model.model." + name.removeprefix("classifier.")] = tensor.detach().to("cpu", copy=True)
+    if model.rank == 0:
+        model.peft.save_pretrained(directory, state_dict=trained)
         model.tokenizer.save_pretrained(directory)

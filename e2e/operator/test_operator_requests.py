@@ -1,0 +1,88 @@
+"""The API requests the operator makes for a job, counted: children created without a read first,
+and what the operator's watches know (its kopf indexes) used instead of reads.
+
+In-process, with a client that notes every request: ensure() creates first and reads only when
+the child exists. With the operator running as a ServiceAccount of the audited namespace (the
+chart's RBAC, as test_operator_rbac.py), from the API server's audit log: a new job costs one
+create per child and no read of any of them, and a RayJob event mirrors its status without a read
+of the RLHFJob or the RayJob (except after a conflict on the status write) or a list of pods.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Any
+
+from e2e.operator.conftest import OperatorProcess, _delete_jobs
+from e2e.operator.inprocess import use_client
+from e2e.operator.jobs import create_job, rlhf_job, wait_phase
+from e2e.operator.kuberay import RayJobStatus
+from e2e.operator.test_operator_rbac import (  # noqa: F401  (audited_namespace is a fixture)
+    audited, audited_namespace, install_rbac, request_key, token_kubeconfig,
+)
+from e2e.test_helm_chart import helm  # noqa: F401  (a fixture)
+from rlhf_api import v1alpha1 as api
+from rlhf_api.validation import validate
+from rlhf_operator import reconcile, render
+from rlhf_operator.kube import Kube
+
+CHILDREN = ("configmaps", "serviceaccounts", "roles", "rolebindings", "rayjobs")
+
+
+class CountingKube(Kube):
+    """The operator's client on the control plane, noting the method and path of each request."""
+
+    def __init__(self, api_client: Any):
+        super().__init__(api_client)
+        self.requests: list[tuple[str, str]] = []
+
+    def _request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        self.requests.append((method, path))
+        return super()._request(method, path, *args, **kwargs)
+
+
+def test_ensure_creates_first_and_reads_only_an_existing_child(kube, namespace, monkeypatch):
+    client = CountingKube(kube.api_client)
+    use_client(monkeypatch, client)
+    job = create_job(kube, namespace, rlhf_job("tiny"))
+    config_map = render.config_map(validate(reconcile._manifest(job)))
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+
+    created = reconcile.ensure(config_map, job["metadata"]["uid"])
+    assert client.requests == [("POST", path)]
+
+    client.requests.clear()
+    assert reconcile.ensure(config_map, job["metadata"]["uid"])["metadata"]["uid"] == created["metadata"]["uid"]
+    assert client.requests == [("POST", path), ("GET", f"{path}/tiny-config")]  # 409, then the owner check
+
+
+def test_a_job_and_a_ray_job_event_cost_no_reads(helm, control_plane, kube, namespace, audited_namespace,
+                                                 kuberay_paused, tmp_path):
+    release = "requests"
+    install_rbac(helm, control_plane, tmp_path, release, {})
+    operator = OperatorProcess(control_plane, None, tmp_path,  # all namespaces, as the chart's ClusterRole allows
+                               kubeconfig=token_kubeconfig(control_plane, release, tmp_path / "kubeconfig"))
+    try:
+        operator.start()
+        started = len(audited(control_plane, release))
+        create_job(kube, namespace, rlhf_job("tiny"))
+        wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
+        RayJobStatus(kube, namespace, "tiny").initializing()
+        wait_phase(kube, namespace, "tiny", "Provisioning")
+        requests = audited(control_plane, release)[started:]  # not the deletion below
+    finally:
+        _delete_jobs(kube, namespace, operator)
+        operator.stop()
+        print(operator.logs(), file=sys.stderr)  # pytest shows it when the test failed
+
+    requests = [e for e in requests if e["stage"] == "ResponseComplete" and e["objectRef"].get("namespace") == namespace]
+    count = collections.Counter((resource, verb) for _, resource, verb in map(request_key, requests))
+    assert {resource: count[resource, "create"] for resource in CHILDREN} == dict.fromkeys(CHILDREN, 1)
+    assert count["pods", "list"] == 0, count
+    # Read only after a status write met a newer job (the index's copy was stale): the job and
+    # its RayJob again, to observe afresh.
+    conflicts = sum(1 for e in requests if request_key(e)[1:] == (f"{api.PLURAL}/status", "patch")
+                    and e["responseStatus"]["code"] == 409)
+    reads = {resource: count[resource, "get"] for resource in (*CHILDREN, api.PLURAL)}
+    assert reads == {**dict.fromkeys(CHILDREN, 0), "rayjobs": conflicts, api.PLURAL: conflicts}, count

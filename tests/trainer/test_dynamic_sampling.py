@@ -1,0 +1,94 @@
+"""Dynamic sampling (DAPO, Yu et al. 2025, arXiv:2503.14476): groups whose rewards are all equal (or whose
+mean is outside the range) are dropped, fresh prompts are sampled until the batch is full, and the
+metrics say how many were dropped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlhf_api.v1alpha1 import DynamicSamplingSpec
+from rlhf_api.validation import InvalidJob, validate
+from rlhf_trainer.data import PromptItem
+from rlhf_trainer.reporting import JsonlWriter
+from rlhf_trainer.rewards import RewardResult
+from rlhf_trainer.run import run
+from rlhf_trainer.sampling import Rollout, fill_batch, informative_groups
+from rlhf_trainer.workers.rollout import Completion
+
+
+def test_groups_with_equal_rewards_or_a_mean_outside_the_range_are_dropped():
+    rewards = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 0.4, 0.5, 0.5])  # groups of 2
+    assert informative_groups(rewards, 2, DynamicSamplingSpec(enabled=True)).tolist() == [False, False, True, True, False]
+    ranged = DynamicSamplingSpec(enabled=True, min_mean_reward=0.4, max_mean_reward=0.9)
+    assert informative_groups(rewards, 2, ranged).tolist() == [False, False, True, False, False]
+
+
+def _rollout(rewards: list[float], tag: str) -> Rollout:
+    prompts = [PromptItem(f"{tag}{i // 2}", [i]) for i in range(len(rewards))]
+    samples = [Completion([i], [0.0], False) for i in range(len(rewards))]
+    total = torch.tensor(rewards, dtype=torch.float32)
+    return Rollout(prompts, samples, RewardResult(total, {"r": total.clone()}), 1.0)
+
+
+def test_the_batch_takes_kept_groups_first_then_dropped_ones():
+    first, second = _rollout([0, 0, 0, 1, 1, 1], "a"), _rollout([0, 1, 2, 2], "b")
+    keep = [informative_groups(r.reward.total, 2, DynamicSamplingSpec(enabled=True)) for r in (first, second)]
+    kept = [r.groups(k, 2) for r, k in zip((first, second), keep)]
+    dropped = [r.groups(~k, 2) for r, k in zip((first, second), keep)]
+    batch, refilled = fill_batch(kept, dropped, 3, 2)
+    assert [p.prompt for p in batch.prompts] == ["a1", "a1", "b0", "b0", "a0", "a0"] and refilled == 1
+    assert batch.reward.by_source["r"].tolist() == [0, 1, 0, 1, 0, 0] and batch.seconds == 2.0
+    batch, refilled = fill_batch(kept, dropped, 1, 2)
+    assert [p.prompt for p in batch.prompts] == ["a1", "a1"] and refilled == 0
+
+
+def test_dynamic_sampling_is_refused_without_groups(tmp_path):
+    job = {"apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "d"},
+           "spec": {"algorithm": "reinforce++", "models": {"actor": {"path": "m"}},
+                    "reward": {"sources": [{"name": "r", "type": "function", "function": {"entrypoint": "r.py:f"}}]},
+                    "data": {"prompts": {"sources": [{"path": "p.jsonl"}]}},
+                    "rollout": {"samplesPerPrompt": 1, "dynamicSampling": {"enabled": True, "minMeanReward": 1,
+                                                                            "maxMeanReward": 0}}}}
+    with pytest.raises(InvalidJob) as refused:
+        validate(job)
+    assert {e.path for e in refused.value.errors} == {"spec.rollout.dynamicSampling.enabled",
+                                                      "spec.rollout.dynamicSampling.minMeanReward"}
+    assert "set samplesPerPrompt to 2 or more" in str(refused.value)
+
+
+# Only prompts asking for "a" (a quarter of the toy prompts) earn different rewards: 1 plus the fraction
+# of a's in the answer. Every other group scores 0 for every sample, trains nothing and must be dropped.
+MOSTLY_DEGENERATE = '''
+def score(prompts, completions, labels):
+    return [1.0 + sum(c == "a" for c in text) / max(len(text), 1) if label == "a" else 0.0
+            for text, label in zip(completions, labels)]
+'''
+
+
+@pytest.mark.timeout(900)
+def test_most_groups_degenerate_are_dropped_and_the_batch_is_filled(toy_job, local_ray, tmp_path, capsys):
+    steps = 3
+    job = toy_job(**{"training.maxSteps": steps, "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False,
+                     "rollout.dynamicSampling": {"enabled": True, "maxExtraRounds": 8},
+                     "reward.sources": [{"name": "only-a", "type": "function",
+                                         "function": {"entrypoint": "tiny/only_a.py:score"}}]})
+    (job.parent / "tiny" / "only_a.py").write_text(MOSTLY_DEGENERATE)
+    out = tmp_path / "out"
+    assert run(job, output_dir=out, reporters=[JsonlWriter(out / "metrics.jsonl")]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with capsys.disabled():
+        for m in rows:
+            print({k: round(v, 3) for k, v in m.items() if k.startswith(("dynamic", "reward_mean"))})
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    for m in rows:
+        # A 16-prompt round has about 4 prompts asking for "a": the batch needed extra rounds ...
+        assert m["dynamic_sampling/extra_rounds"] >= 2
+        assert m["dynamic_sampling/dropped_groups"] >= 16 * m["dynamic_sampling/extra_rounds"] // 2
+        # ... and holds only informative groups: every trained sample answers an "a" prompt (reward >= 1),
+        # while the samples generated were mostly of other prompts (reward 0).
+        assert m["dynamic_sampling/refilled_groups"] == 0
+        assert m["reward_mean"] >= 1.0
+        assert m["dynamic_sampling/sampled_reward_mean"] < 0.6

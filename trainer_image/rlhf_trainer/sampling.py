@@ -1,0 +1,81 @@
+"""Scored rollouts, and what DAPO does to them before they train (Yu et al. 2025, arXiv:2503.14476):
+
+- length shaping: `length_penalty`, the overlong buffer's soft penalty and the truncation penalty;
+- dynamic sampling: `informative_groups` keeps the groups whose rewards differ (a group with equal rewards
+  has zero advantage under every grouped estimator, so it adds no gradient, only dilutes the batch), and
+  `fill_batch` assembles a full batch from several rounds, kept groups first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from rlhf_api.v1alpha1 import DynamicSamplingSpec, LengthShapingSpec
+
+from .data import PromptItem
+from .rewards import RewardResult
+from .workers.rollout import Completion
+
+
+@dataclass
+class Rollout:
+    """Scored samples, prompt-major: the `n` samples of a prompt are adjacent (a group)."""
+
+    prompts: list[PromptItem]  # the prompt of each sample
+    samples: list[Completion]
+    reward: RewardResult  # total and by_source, [N] each
+    seconds: float  # generation time
+
+    def groups(self, keep: Tensor, n: int) -> Rollout:
+        """The groups (of n samples) where keep [G] is True, in order."""
+        rows = keep.repeat_interleave(n).nonzero().flatten().tolist()
+        reward = RewardResult(self.reward.total[rows], {k: v[rows] for k, v in self.reward.by_source.items()})
+        return Rollout([self.prompts[i] for i in rows], [self.samples[i] for i in rows], reward, self.seconds)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @staticmethod
+    def concat(parts: list[Rollout]) -> Rollout:
+        """One rollout from several (the sources must match); seconds add up."""
+        total = torch.cat([p.reward.total for p in parts])
+        by_source = {k: torch.cat([p.reward.by_source[k] for p in parts]) for k in parts[0].reward.by_source}
+        return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples],
+                       RewardResult(total, by_source), sum(p.seconds for p in parts))
+
+
+def length_penalty(lengths: Tensor, truncated: Tensor, max_new_tokens: int, spec: LengthShapingSpec) -> Tensor:
+    """[N] non-positive reward shaping. Overlong buffer (DAPO eq. 13): a completion of L tokens loses
+    overlongPenalty * (L - (maxNewTokens - N)) / N once it reaches into the last N tokens of the budget.
+    Truncation: a completion cut by the limit loses truncationPenalty."""
+    penalty = torch.zeros(len(lengths), dtype=torch.float32)
+    buffer = spec.overlong_buffer_tokens
+    if buffer:
+        into_buffer = (lengths.float() - (max_new_tokens - buffer)).clamp(min=0)
+        penalty -= spec.overlong_penalty * into_buffer / buffer
+    return penalty - spec.truncation_penalty * truncated.float()
+
+
+def informative_groups(rewards: Tensor, n: int, spec: DynamicSamplingSpec) -> Tensor:
+    """[G] True for the groups of n rewards that are not all equal and whose mean is within the range."""
+    groups = rewards.reshape(-1, n)
+    keep = (groups != groups[:, :1]).any(dim=1)
+    mean = groups.mean(dim=1)
+    if spec.min_mean_reward is not None:
+        keep &= mean >= spec.min_mean_reward
+    if spec.max_mean_reward is not None:
+        keep &= mean <= spec.max_mean_reward
+    return keep
+
+
+def fill_batch(kept: list[Rollout], dropped: list[Rollout], groups: int, n: int) -> tuple[Rollout, int]:
+    """A rollout of exactly `groups` groups: the kept ones first, then, when they are too few, dropped ones;
+    and how many dropped groups it took."""
+    kept_all = Rollout.concat(kept)  # one part per round: its seconds are the rounds' generation time
+    missing = max(0, groups - len(kept_all) // n)
+    batch = Rollout.concat([kept_all, Rollout.concat(dropped)]) if missing else kept_all
+    batch = batch.groups(torch.arange(len(batch) // n) < groups, n)
+    return replace(batch, seconds=kept_all.seconds), missing

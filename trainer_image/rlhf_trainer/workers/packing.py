@@ -1,0 +1,74 @@
+"""Sample packing (training.packSamples): a micro-batch's samples laid end to end in rows, with no
+padding inside a row, instead of one padded row per sample.
+
+Each row is at most as long as the longest sample (first-fit decreasing), so attention per row
+costs no more than a padded row does while the rows, and so the tokens every linear layer
+processes, are fewer. Position ids restart at 0 at each sample; with no attention mask and no
+KV cache (a cache turns the detection off: use_cache=False), transformers reads the restarts as
+sample boundaries and keeps attention within each sample (masking_utils.find_packed_sequence_indices
+for sdpa and eager; varlen kernels for flash_attention_2), the convention of its
+DataCollatorWithFlattening. A row's unused tail is one
+more "sample" of its own whose outputs nobody reads.
+
+The logits come back in the padded layout the losses read, [B, num_actions, V]: only the
+positions that predict a response token are computed (logits_to_keep).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Packed:
+    input_ids: Tensor  # [rows, width]
+    position_ids: Tensor  # [rows, width], restarting at 0 at every sample
+    keep: Tensor  # [U] the columns whose logits are computed (logits_to_keep)
+    row: Tensor  # [B, T] the row of each wanted logit
+    column: Tensor  # [B, T] its index into keep
+
+
+def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Packed:
+    """Pack rows whose real tokens are one contiguous run (left-padded prompt, right-padded response),
+    keeping the logits that predict each of the last num_actions tokens of every row."""
+    batch, width = sequences.shape
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1).tolist()
+    starts = mask.int().argmax(-1).tolist()  # first real token
+    capacity = max(lengths)
+    free: list[int] = []  # tokens left in each packed row
+    row_of, offset_of = [0] * batch, [0] * batch
+    for b in sorted(range(batch), key=lambda b: -lengths[b]):  # first-fit decreasing
+        row = next((r for r, left in enumerate(free) if left >= lengths[b]), len(free))
+        if row == len(free):
+            free.append(capacity)
+        row_of[b], offset_of[b] = row, capacity - free[row]
+        free[row] -= lengths[b]
+
+    input_ids = torch.zeros(len(free), capacity, dtype=sequences.dtype, device=sequences.device)
+    position_ids = torch.zeros(len(free), capacity, dtype=torch.long, device=sequences.device)
+    for b in range(batch):
+        row, offset, length = row_of[b], offset_of[b], lengths[b]
+        input_ids[row, offset:offset + length] = sequences[b, starts[b]:starts[b] + length]
+        position_ids[row, offset:offset + length] = torch.arange(length)
+    for row, left in enumerate(free):  # the tail: a sample of its own
+        position_ids[row, capacity - left:] = torch.arange(left)
+
+    # Padded position p predicts token p + 1; a response token that is padding gets any real
+    # position of its sample (the losses mask it).
+    predicting = torch.arange(width - num_actions - 1, width - 1)
+    local = predicting[None, :] - torch.tensor(starts)[:, None]
+    local = torch.minimum(local.clamp(min=0), torch.tensor(lengths)[:, None] - 1)
+    packed_column = local + torch.tensor(offset_of)[:, None]
+    keep, column = torch.unique(packed_column, return_inverse=True)
+    row = torch.tensor(row_of)[:, None].expand(batch, num_actions)
+    device = sequences.device
+    return Packed(input_ids, position_ids, keep.to(device), row.to(device), column.to(device))
+
+
+def unpack_logits(logits: Tensor, packed: Packed) -> Tensor:
+    """[rows, U, V] -> [B, T, V] in the padded layout."""
+    return logits[packed.row, packed.column]
