@@ -60,6 +60,9 @@ from e2e.storage import claim_directory, sub_path
 from rlhf_operator.kube import Kube
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# What a pod sees of this process's environment: what the "image" (this machine and its virtualenv)
+# would set; the pod adds PYTHONUNBUFFERED, as the trainer image's ENV does.
+IMAGE_ENV = frozenset({"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"})
 
 
 class Mount(NamedTuple):
@@ -164,7 +167,9 @@ class HeadPod:
         return target
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "RAY_ADDRESS"))}
+        # A container gets its image's environment and its pod's, never its node's: what this
+        # process holds (a W&B service's socket, KUBECONFIG, RAY_ADDRESS...) must not reach the pod.
+        env = {k: v for k, v in os.environ.items() if k in IMAGE_ENV}
         fields = {"metadata.namespace": self.namespace, "metadata.name": f"{self.name}-head",
                   "spec.serviceAccountName": self.pod.get("serviceAccountName", "default")}
         for source in self.container.get("envFrom", []):
@@ -183,7 +188,7 @@ class HeadPod:
                 env[var["name"]] = self._data(kind, ref["name"])[ref["key"]]
         port = self.cp.ports["kube-apiserver"]
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port),
-                   RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                   RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
                    PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
         return env
 

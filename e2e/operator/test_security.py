@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -232,6 +233,9 @@ def test_no_secret_value_in_what_the_trainer_writes(control_plane, kube, kube_ap
         control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
         ray_job = wait_phase(kube, namespace, "secretive", "Pending")["status"]["rayJobName"]
         head = HeadPod(control_plane, kube, kube_api.core, namespace, ray_job)
+        # A W&B service in this process, as an earlier test leaves one (its socket in WANDB_SERVICE):
+        # the pod must not inherit it, or the pod's W&B run is written by a process outside the pod.
+        wandb.setup()
         try:
             head.start()
             state, logs = head.run_job()
