@@ -15,9 +15,11 @@ import sys
 import time
 from typing import Any
 
+import kopf
+
 from e2e.operator.conftest import OperatorProcess, _delete_jobs
 from e2e.operator.inprocess import use_client
-from e2e.operator.jobs import create_job, rlhf_job, wait_phase
+from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_phase
 from e2e.operator.kuberay import RayJobStatus
 from e2e.operator.test_operator_rbac import (  # noqa: F401  (audited_namespace is a fixture)
     audited, audited_namespace, install_rbac, request_key, token_kubeconfig,
@@ -56,6 +58,32 @@ def test_ensure_creates_first_and_reads_only_an_existing_child(kube, namespace, 
     client.requests.clear()
     assert reconcile.ensure(config_map, job["metadata"]["uid"])["metadata"]["uid"] == created["metadata"]["uid"]
     assert client.requests == [("POST", path), ("GET", f"{path}/tiny-config")]  # 409, then the owner check
+
+
+class NothingStuck(reconcile.Reads):
+    """What the operator's index of stuck pods says while none of the Ray cluster's pods has a problem."""
+
+    def pod_problem(self, namespace: str, cluster: str) -> tuple[str, str] | None:
+        return None
+
+
+def test_a_stale_copy_of_the_job_costs_two_reads_and_no_list(kube, namespace, operator_client, monkeypatch):
+    """A RayJob event mirrored with an older copy of its job (the index lagged): the status write meets
+    a 409, then the job and its RayJob are read afresh and the write is made again; what the pods wait
+    for still comes from the pod watch's index, not from a list of every pod of the namespace."""
+    stale = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(stale))  # children, RayJob, status: the copy above is now stale
+    ray_job = RayJobStatus(kube, namespace, "tiny").initializing()  # its cluster is named: Provisioning
+    client = CountingKube(kube.api_client)
+    use_client(monkeypatch, client)
+
+    reconcile.mirror(kopf.Body(stale), ray_job, None, NothingStuck())
+
+    job_path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/tiny"
+    assert client.requests == [("PATCH", f"{job_path}/status"), ("GET", job_path),
+                               ("GET", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/tiny"),
+                               ("PATCH", f"{job_path}/status")]
+    assert get_job(kube, namespace, "tiny")["status"]["phase"] == "Provisioning"
 
 
 def settled_requests(control_plane, release: str, started: int, namespace: str, quiet: float = 2.0,

@@ -184,10 +184,11 @@ def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
 def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API) -> None:
     """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
     or its pods (starting). generation: the spec generation the RayJob was brought in line with.
-    On a conflict the RayJob is read again too: a newer status may have been written from a newer copy."""
+    On a conflict the RayJob is read again too: a newer status may have been written from a newer copy.
+    Its pods' problems still come from `reads`: a pod watch is as fresh as a list of every pod."""
     namespace, name = ray_job["metadata"]["namespace"], ray_job["metadata"]["name"]
     record(body, _observation(body, ray_job, reads), generation,
-           lambda job: _observation(job, API.ray_job(namespace, name) or ray_job, API))
+           lambda job: _observation(job, API.ray_job(namespace, name) or ray_job, reads))
 
 
 def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Observation:
