@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from e2e.fixtures import wait_for
@@ -60,6 +61,20 @@ def events(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     found = kube._request("GET", f"/api/v1/namespaces/{namespace}/events",
                           query=[("fieldSelector", f"involvedObject.kind={api.KIND},involvedObject.name={name}")])
     return sorted(found["items"], key=lambda e: e.get("eventTime") or e.get("firstTimestamp") or "")
+
+
+def wait_events(kube: Kube, namespace: str, name: str, wanted: Callable[[dict[str, Any]], bool], what: str,
+                timeout: float = 30) -> list[dict[str, Any]]:
+    """The job's events that are `wanted`, once there is one. kopf posts events from a queue of its own,
+    after the status write they come with: a test that has seen the status must still wait for them."""
+    def found() -> list[dict[str, Any]]:
+        return [e for e in events(kube, namespace, name) if wanted(e)]
+
+    try:
+        return wait_for(found, timeout, what)
+    except AssertionError as error:
+        posted = [f"{e['type']} {e['reason']}: {e['message'][:200]}" for e in events(kube, namespace, name)]
+        raise AssertionError(f"{error}; events posted: {posted}") from None
 
 
 def children(kube: Kube, namespace: str, job_name: str) -> dict[str, list[dict[str, Any]]]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from e2e.operator.jobs import events, get_job, wait_phase
+from e2e.operator.jobs import get_job, wait_events, wait_phase
 from e2e.operator.tiny import reward_config_map, run_head, tiny_job
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
@@ -116,8 +116,8 @@ def test_a_reward_function_that_raises_fails_the_job_with_its_message(
 
     job = wait_phase(kube, namespace, "broken-reward", "Failed", timeout=60)
     assert "label set is empty: check labelKey in the job" in job["status"]["message"]
-    warnings = [e for e in events(kube, namespace, "broken-reward") if e["type"] == "Warning"]
-    assert any("label set is empty" in e["message"] for e in warnings), warnings
+    wait_events(kube, namespace, "broken-reward", lambda e: e["type"] == "Warning" and "label set is empty" in e["message"],
+                "a warning quoting the reward function's error")
 
 
 def can_i(control_plane, namespace: str, account: str, *args: str) -> bool:

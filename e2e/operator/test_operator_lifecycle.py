@@ -10,7 +10,8 @@ import yaml
 
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import (
-    children, create_job, events, get_job, rlhf_job, touch_and_wait_reconciled, wait_gone, wait_phase,
+    children, create_job, events, get_job, rlhf_job, touch_and_wait_reconciled, wait_events, wait_gone,
+    wait_phase,
 )
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_operator import names
@@ -99,10 +100,7 @@ def test_failed_run_carries_kuberays_reason_and_message(kube, namespace, operato
     assert {c["type"] for c in failed["conditions"] if c["status"] == "True"} == {"Failed"}
     assert failed["completionTime"]
 
-    def warning():
-        return [e for e in events(kube, namespace, "tiny") if e["reason"] == "AppFailed"]
-
-    [event] = wait_for(warning, 30, "the AppFailed event")
+    [event] = wait_events(kube, namespace, "tiny", lambda e: e["reason"] == "AppFailed", "the AppFailed event")
     assert event["type"] == "Warning" and event["message"] == failed["message"]
 
 
@@ -173,7 +171,7 @@ def test_ray_job_deleted_out_of_band_is_recreated_while_the_job_runs(kube, names
 
     wait_for(recreated, 30, "a new RayJob")
     wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
-    [deleted] = [e for e in events(kube, namespace, "tiny") if e["reason"] == "RayJobDeleted"]
+    [deleted] = wait_events(kube, namespace, "tiny", lambda e: e["reason"] == "RayJobDeleted", "the RayJobDeleted event")
     assert deleted["type"] == "Warning" and "recreating" in deleted["message"]
     assert len(children(kube, namespace, "tiny")["RayJob"]) == 1
 
@@ -184,8 +182,7 @@ def test_ray_job_deleted_after_the_job_finished_stays_deleted(kube, namespace, o
     ray_job.succeeded()
     wait_phase(kube, namespace, "tiny", "Succeeded")
     kube.delete("RayJob", namespace, "tiny", kube.get("RayJob", namespace, "tiny")["metadata"]["uid"])
-    deleted = wait_for(lambda: [e for e in events(kube, namespace, "tiny") if e["reason"] == "RayJobDeleted"],
-                       30, "the RayJobDeleted event")
+    deleted = wait_events(kube, namespace, "tiny", lambda e: e["reason"] == "RayJobDeleted", "the RayJobDeleted event")
     assert "not recreated" in deleted[0]["message"]
     assert kube.get("RayJob", namespace, "tiny") is None  # the operator had handled the deletion: no new one
     assert get_job(kube, namespace, "tiny")["status"]["phase"] == "Succeeded"

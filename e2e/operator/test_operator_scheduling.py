@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.fixtures import wait_for
-from e2e.operator.jobs import create_job, events, rlhf_job, wait_phase
+from e2e.operator.jobs import create_job, rlhf_job, wait_events, wait_phase
 
 CPU_NODE = "kwok-cpu-0"
 DEDICATED = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
@@ -57,5 +57,5 @@ def test_a_missing_volume_is_the_reason_the_job_gives(kube, namespace, kuberay_o
     status = wait_phase(kube, namespace, "nopvc", "Provisioning", "Unschedulable", timeout=120)["status"]
     assert 'persistentvolumeclaim "rlhf-checkpoints" not found' in status["message"]
     assert status["message"].startswith("Starting Ray cluster")
-    warning = [e for e in events(kube, namespace, "nopvc") if e["reason"] == "Unschedulable"]
-    assert warning and warning[0]["type"] == "Warning" and "rlhf-checkpoints" in warning[0]["message"]
+    [warning] = wait_events(kube, namespace, "nopvc", lambda e: e["reason"] == "Unschedulable", "the Unschedulable event")
+    assert warning["type"] == "Warning" and "rlhf-checkpoints" in warning["message"]
