@@ -15,7 +15,6 @@ RLHF_FUZZ_SEED picks the seed (printed; default 16), RLHF_FUZZ_SPECS the count (
 from __future__ import annotations
 
 import copy
-import json
 import os
 import random
 import re

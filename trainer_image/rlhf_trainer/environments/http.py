@@ -1,22 +1,15 @@
 """Environments of type http: one JSON POST per reset and per step, naming the episode (see
-rlhf_api EnvironmentHTTP for the protocol). Connection errors, timeouts and 408/429/5xx answers are
-retried with backoff.Backoff's waits (the server's Retry-After when it sends one); other 4xx answers
-are not (the request itself is wrong)."""
+rlhf_api EnvironmentHTTP for the protocol), retried as jsonpost.post_json retries: connection errors,
+timeouts and 408/429/5xx answers; other 4xx answers are not (the request itself is wrong)."""
 
 from __future__ import annotations
 
-import http.client
 import itertools
-import json
-import time
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any, Callable
 
-from ..backoff import Backoff, retry_after
-
-RETRYABLE = lambda status: status in (408, 429) or status >= 500  # noqa: E731 - timed out, rate limited, server fault
+from ..backoff import Backoff
+from ..jsonpost import post_json
 
 
 class JSONClient:
@@ -25,24 +18,7 @@ class JSONClient:
 
     def post(self, payload: dict[str, Any]) -> Any:
         """POST payload as JSON and return the parsed answer, retrying transient failures."""
-        request = urllib.request.Request(self.url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
-        for attempt in range(self.retries + 1):
-            wait = None
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.load(response)
-            except urllib.error.HTTPError as error:  # an answer with an error status
-                failure = f"HTTP {error.code} {error.reason}: {error.read(200).decode(errors='replace')}"
-                if not RETRYABLE(error.code):
-                    raise RuntimeError(f"POST {self.url}: {failure}") from None
-                wait = retry_after(error.headers.get("Retry-After"))
-            except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as error:
-                failure = f"no answer: {getattr(error, 'reason', error)}"
-            if attempt < self.retries:
-                time.sleep(self.backoff.delay(attempt, wait))
-        raise RuntimeError(f"POST {self.url} failed {self.retries + 1} times (timeout {self.timeout}s); "
-                           f"last error: {failure}")
+        return post_json(self.url, payload, timeout=self.timeout, retries=self.retries, backoff=self.backoff)
 
 
 class HTTPEnvironment:

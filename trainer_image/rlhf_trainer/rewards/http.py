@@ -3,45 +3,27 @@
 Request:  POST url  {"prompts": [...], "completions": [...], "labels": [...]}
 Answer:   {"rewards": [one number per completion]}
 
-An attempt that gets no answer in time, an answer with status 408, 429 or 5xx, malformed JSON or
-the wrong number of rewards is retried, waiting as backoff.Backoff says (the server's Retry-After
-when it sends one, else exponential with jitter); once the retries are used up the error says what
+Retried as jsonpost.post_json retries (no answer in time, 408, 429, 5xx), and also an answer with
+malformed JSON or the wrong number of rewards; once the retries are used up the error says what
 the last answer was. Other 4xx answers are not retried (the request itself is wrong). A bearer token
 is read from contract.reward_token_env(<name>), the variable the operator fills from http.authSecretRef.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlhf_api import contract
 from rlhf_api.v1alpha1 import RewardSource
 
-from ..backoff import Backoff, retry_after
+from ..backoff import Backoff
+from ..jsonpost import SHOWN, Retry, post_json
 
 if TYPE_CHECKING:
     from . import SourceContext
-
-SHOWN = 200  # characters of an answer quoted in an error
-
-
-def _retryable(status: int) -> bool:
-    return status in (408, 429) or status >= 500  # timed out, rate limited, or the server's own fault
-
-
-class Retry(Exception):
-    """An attempt worth repeating; `wait`: the server's Retry-After in seconds, if it sent one."""
-
-    def __init__(self, what: str, wait: float | None = None):
-        super().__init__(what)
-        self.wait = wait
-
 
 class HTTPScorer:
     def __init__(
@@ -51,9 +33,7 @@ class HTTPScorer:
     ):
         self.url, self.batch_size, self.timeout, self.retries = url, batch_size, timeout, retries
         self.backoff, self.sleep = backoff, sleep
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if token:
-            self.headers["Authorization"] = f"Bearer {token}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def __call__(self, prompts: list[str], completions: list[str], labels: list[Any]) -> list[float]:
         rewards = []
@@ -64,39 +44,22 @@ class HTTPScorer:
         return rewards
 
     def post(self, payload: dict[str, Any]) -> list:
-        """POST one batch and return its rewards, retrying transient failures."""
-        body = json.dumps(payload).encode()
-        for attempt in range(self.retries + 1):
-            try:
-                return self._attempt(body, len(payload["prompts"]))
-            except Retry as failure:
-                last = failure
-                if attempt < self.retries:
-                    self.sleep(self.backoff.delay(attempt, failure.wait))
-        raise RuntimeError(f"POST {self.url} failed {self.retries + 1} times (timeout {self.timeout}s); "
-                           f"last error: {last}") from None
+        """POST one batch and return its rewards, retrying transient failures and wrong answers."""
+        expected = len(payload["prompts"])
+        return post_json(self.url, payload, timeout=self.timeout, retries=self.retries, backoff=self.backoff,
+                         read=lambda status, text: _rewards(status, text, expected), headers=self.headers,
+                         sleep=self.sleep)
 
-    def _attempt(self, body: bytes, expected: int) -> list:
-        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                status, text = response.status, response.read().decode(errors="replace")
-        except urllib.error.HTTPError as error:  # an answer with an error status
-            shown = error.read(SHOWN).decode(errors="replace")
-            what = f"HTTP {error.code} {error.reason}: {shown}"
-            if _retryable(error.code):
-                raise Retry(what, retry_after(error.headers.get("Retry-After"))) from None
-            raise RuntimeError(f"POST {self.url}: {what}") from None
-        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as error:  # no (whole) answer
-            raise Retry(f"no answer: {getattr(error, 'reason', error)}") from None
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            raise Retry(f"HTTP {status} with malformed JSON: {text[:SHOWN]!r}") from None
-        rewards = answer.get("rewards") if isinstance(answer, dict) else None
-        if not isinstance(rewards, list) or len(rewards) != expected:
-            raise Retry(f"HTTP {status} {text[:SHOWN]!r}, expected {{\"rewards\": [{expected} numbers]}}")
-        return rewards
+
+def _rewards(status: int, text: str, expected: int) -> list:
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        raise Retry(f"HTTP {status} with malformed JSON: {text[:SHOWN]!r}") from None
+    rewards = answer.get("rewards") if isinstance(answer, dict) else None
+    if not isinstance(rewards, list) or len(rewards) != expected:
+        raise Retry(f"HTTP {status} {text[:SHOWN]!r}, expected {{\"rewards\": [{expected} numbers]}}")
+    return rewards
 
 
 def http_source(source: RewardSource, context: SourceContext) -> HTTPScorer:
