@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from e2e.fixtures import wait_for
-from e2e.operator.jobs import children, create_job, events, rlhf_job, touch_and_wait_reconciled, wait_phase
+from e2e.operator.jobs import children, create_job, events, rlhf_job, touch_and_wait_reconciled, wait_events, wait_phase
 
 
 def reconcile_runs(metrics_text: str) -> int:
@@ -47,6 +47,7 @@ def test_a_missing_reward_config_map_is_waited_for(kube, namespace, operator, ku
     assert "ConfigMap 'math-reward'" in waiting["message"]
     assert f"kubectl -n {namespace} create configmap math-reward" in waiting["message"]
     assert not any(children(kube, namespace, "grpo").values())
+    wait_events(kube, namespace, "grpo", lambda e: e["reason"] == "RewardConfigMapNotFound", "its event")
     assert [e["reason"] for e in events(kube, namespace, "grpo")] == ["RewardConfigMapNotFound"]
     kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "math-reward", "namespace": namespace},
                  "data": {"m.py": "def score(prompts, completions, labels):\n    return [0.0] * len(prompts)\n"}})
