@@ -25,7 +25,7 @@ from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.podruntime import HeadPod
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
-from tests.trainer.test_faults_kill import newest, ray_actor_pids
+from tests.trainer.run_probes import newest, ray_actor_pids
 
 STEPS, INTERVAL = 8, 2
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the checkpoint claim

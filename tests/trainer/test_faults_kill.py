@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_trainer import checkpoint
+from run_probes import newest, ray_actor_pids
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,17 +41,6 @@ def steps_logged(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def ray_actor_pids(run: subprocess.Popen, actor: str) -> list[int]:
-    """PIDs of the run's Ray worker processes serving `actor` (their title is ray::<Actor>...)."""
-    ps = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
-    found = []
-    for line in ps.splitlines():
-        pid, sid, args = line.split(None, 2)
-        if int(sid) == run.pid and args.startswith(f"ray::{actor}"):
-            found.append(int(pid))
-    return found
-
-
 def wait(run: subprocess.Popen, log: Path, condition, what: str, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -67,11 +57,6 @@ def finish(run: subprocess.Popen, timeout: float = 300) -> int:
             os.killpg(run.pid, signal.SIGKILL)  # what is left of its Ray instance
         except ProcessLookupError:
             pass
-
-
-def newest(checkpoints: Path) -> int | None:
-    found = checkpoint.latest(checkpoints)
-    return json.loads((found / checkpoint.STATE_FILE).read_text())["step"] if found else None
 
 
 def test_killed_workers_and_an_interrupted_save_cost_at_most_one_interval(toy_job, tmp_path):
