@@ -16,11 +16,10 @@ from typing import Any, Callable, TypeVar
 from .backoff import Backoff, retry_after
 
 SHOWN = 200  # characters of an answer quoted in an error
-JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 T = TypeVar("T")
 
 
-def retryable(status: int) -> bool:
+def _retryable(status: int) -> bool:
     return status in (408, 429) or status >= 500  # timed out, rate limited, or the server's own fault
 
 
@@ -37,7 +36,8 @@ def post_json(url: str, payload: dict[str, Any], *, timeout: float, retries: int
               headers: dict[str, str] | None = None, sleep: Callable[[float], None] = time.sleep) -> T:
     """read(status, text) of the first answer that passes, the text being the answer's body."""
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={**JSON_HEADERS, **(headers or {})})
+                                     headers={"Content-Type": "application/json", "Accept": "application/json",
+                                              **(headers or {})})
     for attempt in range(retries + 1):
         try:
             return read(*_answer(url, request, timeout))
@@ -54,7 +54,7 @@ def _answer(url: str, request: urllib.request.Request, timeout: float) -> tuple[
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as error:  # an answer with an error status
         what = f"HTTP {error.code} {error.reason}: {error.read(SHOWN).decode(errors='replace')}"
-        if retryable(error.code):
+        if _retryable(error.code):
             raise Retry(what, retry_after(error.headers.get("Retry-After"))) from None
         raise RuntimeError(f"POST {url}: {what}") from None
     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as error:  # no (whole) answer
