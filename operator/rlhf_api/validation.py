@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import celpy
+import cel
 from pydantic import ValidationError
 
 from . import v1alpha1 as api
@@ -77,33 +77,27 @@ def _schema_errors(error: ValidationError) -> list[FieldError]:
     return errors
 
 
-@lru_cache(maxsize=1)
-def _cel_env() -> celpy.Environment:
-    return celpy.Environment()
-
-
-def prepare() -> None:
-    """Build the CEL parser now (most of a second of CPU) rather than in the first validate(), where
-    concurrent callers (the operator's handler threads) would each build it."""
-    _cel_env()
+# What a rule that cannot be evaluated raises (the API server refuses the object then too): an int64
+# overflow, a division by zero, a missing key or index, no overload for the operand types.
+CEL_EVAL_ERRORS = (ArithmeticError, LookupError, TypeError, RuntimeError)
 
 
 @lru_cache(maxsize=None)
-def _program(rule: str) -> Any:
-    env = _cel_env()
-    return env.program(env.compile(rule))
+def _program(rule: str) -> cel.Program:
+    # common-expression-language (cel-rust): a compiled rule evaluates in microseconds, where an
+    # interpreter over the parse tree took a millisecond; the operator validates every new job.
+    return cel.compile(rule)
 
 
 def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[FieldError]:
     """Evaluate the schema's CEL rules on value and everything below it, as the API server does on create."""
     errors = []
     rules = [rule for rule in schema.get(CEL, []) if "oldSelf" not in rule["rule"]]  # transition rules: updates only
-    activation = {"self": celpy.json_to_cel(value)} if rules else {}
     for rule in rules:
         try:
-            holds = bool(_program(rule["rule"]).evaluate(activation))
-        except celpy.CELEvalError as error:  # e.g. an int64 overflow: the API server refuses the object too
-            errors.append(FieldError(path, f"{rule['message']} (the rule cannot be evaluated: {error.args[0]})"))
+            holds = bool(_program(rule["rule"]).execute({"self": value}))
+        except CEL_EVAL_ERRORS as error:
+            errors.append(FieldError(path, f"{rule['message']} (the rule cannot be evaluated: {error})"))
             continue
         if not holds:
             errors.append(FieldError(path + rule.get("fieldPath", ""), rule["message"]))

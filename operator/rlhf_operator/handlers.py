@@ -28,7 +28,6 @@ import kopf
 
 from . import lifecycle, metrics, pods, reconcile
 from . import settings as operator_settings
-from rlhf_api import validation
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
 from .status import finished
@@ -40,7 +39,6 @@ DEADLINE_RECHECK_SECONDS = 30
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     operator_settings.configure(settings)
-    validation.prepare()
 
 
 @kopf.index(GROUP, VERSION, PLURAL)

@@ -35,7 +35,6 @@ def run(options: Options) -> int:
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=options.verbose)
-    logging.getLogger("celpy").setLevel(logging.WARNING)  # one line per CEL step when verbose
     return asyncio.run(_serve(options))
 
 

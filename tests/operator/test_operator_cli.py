@@ -71,6 +71,29 @@ def test_settings_use_our_prefix_and_bounded_watches():
                                                                 "rlhf.dev/job"]
 
 
+def test_the_diff_base_is_kopfs_essence_built_without_copying_metadata_and_status():
+    """settings.DiffBase builds the same essence as kopf's storage (what on.update compares), so a
+    status write is still no change and a spec or label edit still is one."""
+    ours = settings.DiffBase(prefix="rlhf.dev", key="last-handled-configuration")
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="rlhf.dev", key="last-handled-configuration")
+    body = {
+        "apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob",
+        "metadata": {"name": "j", "namespace": "n", "uid": "u", "resourceVersion": "7", "generation": 2,
+                     "finalizers": ["rlhf.dev/finalizer"], "labels": {"team": "a"},
+                     "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+                     "annotations": {"rlhf.dev/last-handled-configuration": "{}", "note": "kept",
+                                     "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+        "spec": {"algorithm": "grpo", "rollout": {"samplesPerPrompt": [4, {"n": 2}]}},
+        "status": {"phase": "Running", "progress": {"step": 3}},
+    }
+    essence = ours.build(body=kopf.Body(body))
+    assert essence == kopfs.build(body=kopf.Body(body))
+    assert essence == {"spec": body["spec"], "metadata": {"labels": {"team": "a"}, "annotations": {"note": "kept"}}}
+    assert essence["spec"] is not body["spec"]  # a copy: later changes to the object do not move it
+    extra = ours.build(body=kopf.Body(body), extra_fields=["status.phase"])
+    assert extra == kopfs.build(body=kopf.Body(body), extra_fields=["status.phase"]) and extra["status"] == {"phase": "Running"}
+
+
 def sample(name: str, labels: dict) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
