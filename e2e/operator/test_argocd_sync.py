@@ -4,7 +4,7 @@ Argo CD's server-side diff applies the Git manifest in a dry run with its own fi
 compares the result with the live object: a difference would show the Application OutOfSync and,
 with auto-sync, make Argo CD write the spec back in a loop. Here each example is applied the way
 Argo CD syncs it (server-side, field manager argocd-controller), the operator reconciles it
-(finalizer, annotations, status, children), and the same dry run must return the live object.
+(its annotations, status, children), and the same dry run must return the live object.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from e2e.operator.jobs import wait_phase
+from e2e.fixtures import wait_for
+from e2e.operator.jobs import get_job, wait_phase
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
 ARGOCD = ["--server-side", "--field-manager", "argocd-controller"]
@@ -39,10 +40,13 @@ def test_synced_examples_have_no_diff_after_the_operator_ran(control_plane, kube
     for name, text in manifests.items():
         # Pending: with its RayJob, or waiting for a reward ConfigMap the example names (not created here).
         wait_phase(kube, namespace, name, "Pending")
+        wait_for(lambda name=name: any(key.startswith("rlhf.dev/") for key in  # kopf's, after the handler
+                                       get_job(kube, namespace, name)["metadata"].get("annotations") or {}),
+                 30, f"kopf's annotations on {name}")
         dry_run = json.loads(control_plane.kubectl("apply", *ARGOCD, "--dry-run=server", "-o", "json", "-f", "-",
                                                    input=text).stdout)
         live = json.loads(control_plane.kubectl("get", "rlhfjob", name, "-n", namespace, "-o", "json").stdout)
         assert comparable(dry_run) == comparable(live), name
-        assert live["metadata"]["finalizers"] and live["status"]["phase"] == "Pending"  # the operator did write
+        assert live["status"]["phase"] == "Pending"  # the operator did write
         diff = control_plane.kubectl("diff", *ARGOCD, "-f", "-", input=text, check=False)
         assert diff.returncode == 0, f"{name}:\n{diff.stdout}"

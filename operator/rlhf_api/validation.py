@@ -93,9 +93,12 @@ def cel_errors(schema: dict[str, Any], value: Any, path: str) -> list[FieldError
     """Evaluate the schema's CEL rules on value and everything below it, as the API server does on create."""
     errors = []
     rules = [rule for rule in schema.get(CEL, []) if "oldSelf" not in rule["rule"]]  # transition rules: updates only
+    if rules:
+        context = cel.Context()  # self converted to CEL values once for all the node's rules, not per rule
+        context.add_variable("self", value)
     for rule in rules:
         try:
-            holds = bool(_program(rule["rule"]).execute({"self": value}))
+            holds = bool(_program(rule["rule"]).execute(context))
         except CEL_EVAL_ERRORS as error:
             errors.append(FieldError(path, f"{rule['message']} (the rule cannot be evaluated: {error})"))
             continue

@@ -78,7 +78,7 @@ def operator_options(args: argparse.Namespace):
         timing = Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                         args.leader_elect_retry_period)
         elector = Elector(namespace, args.leader_elect_resource_name, timing=timing)
-    return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector)
+    return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector, args.resync_seconds)
 
 
 def _own_namespace() -> str | None:
@@ -87,6 +87,13 @@ def _own_namespace() -> str | None:
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
     return token_namespace.read_text().strip() if token_namespace.exists() else None
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a positive number of seconds")
+    return seconds
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -130,6 +137,8 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (%(default)s)")
     operator.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port, /healthz (%(default)s)")
     operator.add_argument("--verbose", action="store_true", help="log every handler run")
+    operator.add_argument("--resync-seconds", type=_positive_seconds, default=120.0, metavar="SECONDS",
+                          help="reconcile every unfinished job again this often, whatever its events (%(default)s)")
     timing = Timing()
     election = operator.add_argument_group(
         "leader election", "with --leader-elect, replicas share a coordination.k8s.io Lease and only its holder "

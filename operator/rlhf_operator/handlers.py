@@ -1,22 +1,24 @@
 """kopf handler registrations, nothing else: `kopf run -m rlhf_operator.handlers` or `rlhf operator`.
 
 - RLHFJob created, changed, or found at startup: reconcile (kopf retries failures with backoff);
-  a resync timer repeats it for unfinished jobs, so nothing stays stuck on a lost event.
+  resync.py repeats it for unfinished jobs every --resync-seconds, so nothing stays stuck on a
+  lost event.
 - RayJob events (ours only, selected by label on the server): mirror status, recreate if deleted.
 - Pod events of our Ray clusters that show a problem (unschedulable, image pull...): mirror status,
   so the reason reaches the job when the scheduler decides, not at the next resync.
 - Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
 - Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
-- Every RLHFJob event: the jobs-by-phase metric.
+- Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once).
 
 Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
 our RayJobs, and the pods of our Ray clusters that show a problem. A new job's RayJob is not in
 its index, so it is created without a read first; a RayJob event finds its RLHFJob in its index (a
 stale copy costs a conflict and a read: status writes are conditional, see reconcile.record).
 
-The timer and the daemon make kopf put the finalizer rlhf.dev/finalizer on RLHFJobs (so it can
-stop them before the object goes): deleting a job while no operator runs waits for one.
+The daemons make kopf put the finalizer rlhf.dev/finalizer on the RLHFJobs they run for (a
+started job with a deadline, a finished one with a TTL: so it can stop them before the object
+goes), and take it off when they end; deleting such a job while no operator runs waits for one.
 """
 
 from __future__ import annotations
@@ -26,13 +28,11 @@ from typing import Any
 
 import kopf
 
-from . import lifecycle, metrics, pods, reconcile
+from . import lifecycle, metrics, pods, reconcile, resync
 from . import settings as operator_settings
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
-from .status import finished
 
-RESYNC_SECONDS = 120
 DEADLINE_RECHECK_SECONDS = 30
 
 
@@ -82,13 +82,6 @@ def reconcile_job(body: kopf.Body, **kwargs: Any) -> None:
         reconcile.reconcile(body, Watched(kwargs))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
-            when=lambda status, **_: not finished(status))
-def resync_job(body: kopf.Body, **kwargs: Any) -> None:
-    with metrics.measured("resync"):
-        reconcile.reconcile(body, Watched(kwargs))
-
-
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1,
              when=lambda spec, status, annotations, **_: lifecycle.seconds_until_expiry(
                  spec, status, lifecycle.now(), annotations) is not None)
@@ -127,9 +120,11 @@ def follow_stuck_pod(body: kopf.Body, **kwargs: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def count_job(type: str | None, uid: str, namespace: str, name: str, status: kopf.Status, **_: Any) -> None:
+async def count_job(type: str | None, uid: str, namespace: str, name: str, status: kopf.Status,
+                    memo: kopf.Memo, **kwargs: Any) -> None:
     # async: a few dict operations, run on the event loop rather than sent to a handler thread on every event
     if type == "DELETED":
         metrics.JOBS.gone(uid)
     else:
         metrics.JOBS.seen(uid, namespace, name, status)
+    resync.start(memo.resync_seconds, Watched(kwargs))

@@ -28,6 +28,7 @@ class Options:
     health_port: int = 8081
     verbose: bool = False
     elector: Elector | None = None  # None: no leader election (one replica)
+    resync_seconds: float = 120.0  # every unfinished job reconciled again this often (resync.py)
 
 
 def run(options: Options) -> int:
@@ -70,7 +71,7 @@ async def _lead(options: Options, elector: Elector) -> int:
 
 async def _kopf(options: Options, stop_flag: asyncio.Event | None) -> None:
     await kopf.operator(clusterwide=not options.namespaces, namespaces=options.namespaces, standalone=True,
-                        stop_flag=stop_flag)
+                        stop_flag=stop_flag, memo=kopf.Memo(resync_seconds=options.resync_seconds))
 
 
 async def _health_server(port: int) -> web.AppRunner:

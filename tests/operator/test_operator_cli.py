@@ -30,6 +30,13 @@ def test_namespaces_and_ports():
     assert got.namespaces == ["team-a", "team-b"] and (got.metrics_port, got.health_port) == (9000, 9001)
 
 
+def test_the_resync_period_is_two_minutes_unless_given(capsys):
+    assert options().resync_seconds == 120 and options("--resync-seconds", "30").resync_seconds == 30
+    with pytest.raises(SystemExit):
+        options("--resync-seconds", "0")
+    assert "expected a positive number of seconds" in capsys.readouterr().err
+
+
 def test_namespace_and_all_namespaces_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         options("--namespace", "a", "--all-namespaces")
@@ -91,7 +98,8 @@ def test_the_diff_base_is_kopfs_essence_built_without_copying_metadata_and_statu
     assert essence == {"spec": body["spec"], "metadata": {"labels": {"team": "a"}, "annotations": {"note": "kept"}}}
     assert essence["spec"] is not body["spec"]  # a copy: later changes to the object do not move it
     extra = ours.build(body=kopf.Body(body), extra_fields=["status.phase"])
-    assert extra == kopfs.build(body=kopf.Body(body), extra_fields=["status.phase"]) and extra["status"] == {"phase": "Running"}
+    assert extra == kopfs.build(body=kopf.Body(body), extra_fields=["status.phase"])
+    assert extra["status"] == {"phase": "Running"}
 
 
 def sample(name: str, labels: dict) -> float | None:
