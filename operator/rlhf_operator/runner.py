@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import kopf
 from aiohttp import web
@@ -23,12 +23,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Options:
-    namespaces: list[str] = field(default_factory=list)  # none: the whole cluster
-    metrics_port: int = 8080
-    health_port: int = 8081
-    verbose: bool = False
-    elector: Elector | None = None  # None: no leader election (one replica)
-    resync_seconds: float = 120.0  # every unfinished job reconciled again this often (resync.py)
+    """What `rlhf operator`'s flags set (their defaults live in cli.py, once)."""
+
+    namespaces: list[str]  # none: the whole cluster
+    metrics_port: int
+    health_port: int
+    verbose: bool
+    elector: Elector | None  # None: no leader election (one replica)
+    resync_seconds: float  # every unfinished job reconciled again this often (resync.py)
 
 
 def run(options: Options) -> int:
