@@ -57,6 +57,24 @@ def test_reconcile_is_idempotent(kube, namespace, operator_client):
     assert posted(kube, job) == [("Normal", "RayJobCreated")]  # nor posted again
 
 
+def test_a_watched_copy_older_than_our_own_status_write_does_not_hide_a_change(kube, namespace, operator_client):
+    """A RayJob event comes with the job's copy from the watch, which may predate the operator's own
+    newest status write: KubeRay went A, B, A (a queued job: Suspended, Suspending, Suspended) faster
+    than the watch delivered the job. That copy's status already reads A; the write from B back to A
+    must still happen (it did not: the job stayed Suspending until the next resync)."""
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(created))
+    lagging = get_job(kube, namespace, "tiny")  # Pending, RayJobCreated: what the watch still has
+    ray_job = kube.get("RayJob", namespace, "tiny")
+    starting = {**ray_job, "status": {"jobDeploymentStatus": "Initializing", "rayClusterName": "tiny-abc"}}
+    reconcile.mirror(kopf.Body(lagging), starting, 1)
+    assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
+
+    new_again = {**ray_job, "status": {"jobDeploymentStatus": ""}}
+    reconcile.mirror(kopf.Body(lagging), new_again, 1)  # the lagging copy already reads Pending
+    assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
+
+
 def test_a_status_write_conflict_is_recomputed_and_posted_once(kube, namespace, trainer, monkeypatch):
     stale = create_job(kube, namespace, rlhf_job("tiny"))
     racing = RacingKube(kube.api_client, trainer, races=1)

@@ -39,6 +39,9 @@ KUBERAY_RETRY_SECONDS = 30  # ... for the RayJob API to be served or to accept t
 _warned_invalid: set[tuple[str, int | None]] = set()  # (uid, generation): SpecNoLongerValid posted once each
 VALIDATED_KEPT = 4096  # (uid, generation) -> validate()'s verdict, newest kept: a spec is checked once
 _validated: dict[tuple[str, int | None], api.RLHFJob | InvalidJob] = {}
+# uid -> the job as our newest status write returned it, newest kept: a copy from the watch may
+# predate that write, and one whose status already looks as wanted would otherwise go unwritten.
+_written: dict[str, dict[str, Any]] = {}
 
 
 class Reads:
@@ -146,6 +149,12 @@ def record(body: Any, observation: status.Observation, generation: int | None,
         current = dict(body.get("status") or {})
         desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
         patch = status.changes(current, desired)
+        ours = _written.get(meta["uid"])
+        if not patch and ours is not None and ours["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+            # Read our own writes: compare with the job as we last wrote it (if that is stale in turn,
+            # the conditional write below conflicts and the job is read afresh).
+            body, meta = ours, ours["metadata"]
+            continue
         if not patch:
             return
         try:
@@ -155,6 +164,7 @@ def record(body: Any, observation: status.Observation, generation: int | None,
         except ApiException as error:
             if error.status != 409:
                 raise
+            _written.pop(meta["uid"], None)  # someone wrote after us: the fresh read below is newer
             body = client.get(api.KIND, meta["namespace"], meta["name"])
             if body is None or body["metadata"]["uid"] != meta["uid"]:
                 return  # deleted meanwhile
@@ -162,6 +172,9 @@ def record(body: Any, observation: status.Observation, generation: int | None,
             if observe_again is not None:
                 observation = observe_again(body)
             continue
+        _written[meta["uid"]] = watched_copy(body)
+        if len(_written) > VALIDATED_KEPT:
+            del _written[next(iter(_written))]
         crash_point("status")
         moved = status.transition(current, desired, warning=observation.warning)
         if moved:

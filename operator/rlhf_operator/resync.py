@@ -3,50 +3,56 @@ for a lost watch event or a status mirror that failed (controller-runtime's Sync
 
 Not a kopf timer: kopf puts its finalizer on every object a timer runs for, which costs each new
 job a write and a watch event before its first reconcile, and leaves a job deleted while no
-operator runs Terminating. One task walks the jobs index instead and spreads the jobs over the
-period. It is started from an RLHFJob event handler (handlers.count_job), so it runs in kopf's
-handler context: the Events a resync posts go through kopf's queue, as every handler's do.
+operator runs Terminating. One task walks the jobs index instead. It is started from an RLHFJob
+event handler (handlers.count_job), so it runs in kopf's handler context: the Events a resync
+posts go through kopf's queue, as every handler's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
-from . import lifecycle, metrics, reconcile
+from . import metrics, reconcile
 from .status import finished
 
 log = logging.getLogger(__name__)
+TICKS_PER_PERIOD = 20  # a job is resynced at most a twentieth of a period late
 _task: asyncio.Task | None = None
 
 
-def due(body: dict[str, Any], period: float) -> bool:
-    """Unfinished, not being deleted, and older than a period (a new job was just reconciled)."""
-    meta = body["metadata"]
-    if meta.get("deletionTimestamp") or finished(body.get("status")):
-        return False
-    created = meta.get("creationTimestamp")
-    return created is None or (lifecycle.now() - lifecycle.parse(created)).total_seconds() >= period
+def due(body: dict[str, Any]) -> bool:
+    """Unfinished and not being deleted."""
+    return not body["metadata"].get("deletionTimestamp") and not finished(body.get("status"))
 
 
 async def forever(period: float, reads: Any) -> None:
-    """Each period, reconcile (in a thread) every job that is due, one after another, evenly spaced.
+    """Reconcile (in a thread) each job that is due a period after this operator first saw it, then
+    every period, as kopf's timers did: the jobs of a burst stay spread as they came, and the jobs
+    found at startup (which kopf's resume handler has just reconciled) wait a period.
     reads: handlers.Watched, whose jobs index lists the jobs and gives each one's newest copy."""
+    last: dict[str, float] = {}  # uid -> time.monotonic() when first seen, then of its last resync
     while True:
-        keys = list(reads.jobs)
-        if not keys:
-            await asyncio.sleep(period)
-        for namespace, name in keys:
-            await asyncio.sleep(period / len(keys))
+        await asyncio.sleep(period / TICKS_PER_PERIOD)
+        seen = set()
+        for namespace, name in list(reads.jobs):
             job = reads.job(namespace, name)
-            if job is None or not due(job, period):
+            if job is None or not due(job):
                 continue
+            uid = job["metadata"]["uid"]
+            seen.add(uid)
+            if time.monotonic() - last.setdefault(uid, time.monotonic()) < period:
+                continue
+            last[uid] = time.monotonic()
             try:
                 with metrics.measured("resync"):
                     await asyncio.to_thread(reconcile.reconcile, job, reads)
             except Exception as error:  # the job's status says why it waits; the next pass tries again
                 log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
+        for gone in last.keys() - seen:
+            del last[gone]
 
 
 def start(period: float, reads: Any) -> None:
