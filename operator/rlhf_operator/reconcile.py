@@ -37,11 +37,18 @@ STATUS_WRITE_ATTEMPTS = 5
 DEPENDENCY_RETRY_SECONDS = 15  # how often a job waiting for a ConfigMap looks again
 KUBERAY_RETRY_SECONDS = 30  # ... for the RayJob API to be served or to accept the RayJob
 _warned_invalid: set[tuple[str, int | None]] = set()  # (uid, generation): SpecNoLongerValid posted once each
-VALIDATED_KEPT = 4096  # (uid, generation) -> validate()'s verdict, newest kept: a spec is checked once
+KEPT = 4096  # entries of each per-job memory below; the oldest goes first
+# (uid, generation) -> validate()'s verdict: a spec is checked once
 _validated: dict[tuple[str, int | None], api.RLHFJob | InvalidJob] = {}
-# uid -> the job as our newest status write returned it, newest kept: a copy from the watch may
-# predate that write, and one whose status already looks as wanted would otherwise go unwritten.
+# uid -> the job as our newest status write returned it: a copy from the watch may predate that
+# write, and one whose status already looks as wanted would otherwise go unwritten.
 _written: dict[str, dict[str, Any]] = {}
+
+
+def _keep(memory: dict[Any, Any], key: Any, value: Any) -> None:
+    memory[key] = value
+    if len(memory) > KEPT:
+        del memory[next(iter(memory))]
 
 
 class Reads:
@@ -90,16 +97,14 @@ def watched_copy(obj: Any) -> dict[str, Any]:
 
 
 def _validated_job(body: Any) -> api.RLHFJob:
-    """validate() of the job's spec (it evaluates the CRD's CEL rules: tens of ms), once per generation."""
+    """validate() of the job's spec (schema and CEL rules, about a millisecond), once per generation."""
     meta = body["metadata"]
     key = (meta["uid"], meta.get("generation"))
     if key not in _validated:
         try:
-            _validated[key] = validate(_manifest(body))
+            _keep(_validated, key, validate(_manifest(body)))
         except InvalidJob as invalid:
-            _validated[key] = invalid
-        if len(_validated) > VALIDATED_KEPT:
-            del _validated[next(iter(_validated))]
+            _keep(_validated, key, invalid)
     verdict = _validated[key]
     if isinstance(verdict, InvalidJob):
         raise verdict
@@ -172,9 +177,7 @@ def record(body: Any, observation: status.Observation, generation: int | None,
             if observe_again is not None:
                 observation = observe_again(body)
             continue
-        _written[meta["uid"]] = watched_copy(body)
-        if len(_written) > VALIDATED_KEPT:
-            del _written[next(iter(_written))]
+        _keep(_written, meta["uid"], watched_copy(body))
         crash_point("status")
         moved = status.transition(current, desired, warning=observation.warning)
         if moved:
