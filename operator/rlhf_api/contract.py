@@ -19,6 +19,12 @@ ENVIRONMENT_CODE_DIR = f"{JOB_CONFIG_DIR}/environment"
 # models.<field>.pvc is mounted (at its subPath) on MODELS_DIR/<field>; models.<field>.path is inside it.
 MODELS_DIR = "/mnt/models"
 
+# The trainer image's user and group (trainer_image/Dockerfile: useradd --uid 1000): every pod runs
+# as them, its volumes group-owned by it (fsGroup), so that the user can write a root-owned claim.
+TRAINER_UID = 1000
+# The pod network's interface in every CNI's pods: the GPU workers' NCCL and Gloo sockets use it.
+POD_INTERFACE = "eth0"
+
 # Who the job is: the trainer patches this RLHFJob's status.
 JOB_NAME_ENV = "RLHF_JOB_NAME"
 JOB_NAMESPACE_ENV = "RLHF_JOB_NAMESPACE"

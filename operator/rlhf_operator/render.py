@@ -1,7 +1,8 @@
 """An RLHFJob's children as plain dicts: pure functions of the validated job, no API calls.
 
 The job is realised as a ConfigMap (the spec as the trainer's config file), a ServiceAccount with a
-Role and RoleBinding (the trainer may read its own RLHFJob and patch its status, nothing else), and
+Role and RoleBinding (the trainer driver, on the head, may read its own RLHFJob and patch its status,
+nothing else; no other pod gets an API token), and
 a KubeRay RayJob whose Ray cluster has a CPU head (runs the trainer driver) and one group of GPU
 workers. Every child is owned by the job, so deleting the job deletes them.
 """
@@ -107,12 +108,14 @@ def role_binding(job: api.RLHFJob) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ pod pieces
 
 
-def _trainer_env(job: api.RLHFJob) -> list[dict[str, Any]]:
-    """Env of every Ray container: who the job is, reward tokens and tracker credentials by reference
-    (a Secret's value never enters the job's objects), then the user's."""
+def _driver_env(job: api.RLHFJob) -> list[dict[str, Any]]:
+    """Env of the head, where the trainer driver alone reports status and metrics, scores http rewards
+    and logs to trackers: who the job is, reward tokens and tracker credentials by reference (a
+    Secret's value never enters the job's objects). Worker pods get none of it."""
     env = [
         {"name": contract.JOB_NAME_ENV, "value": job.metadata["name"]},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
+        {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)},
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:
@@ -132,14 +135,18 @@ def _merge_env(ours: list[dict[str, Any]], user: list[api.EnvVar]) -> list[dict[
     return [var for var in ours if var["name"] not in overridden] + theirs
 
 
-def _nccl_env(rdma: api.RDMASpec) -> list[dict[str, Any]]:
-    settings = {
-        "NCCL_IB_HCA": rdma.hca,
-        "NCCL_SOCKET_IFNAME": rdma.socket_ifname,
-        "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
-        "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
-        "NCCL_DEBUG": rdma.nccl_debug,
-    }
+def _nccl_env(rdma: api.RDMASpec | None) -> list[dict[str, Any]]:
+    """GPU workers' sockets on the pod network (NCCL may otherwise pick an interface the other pods
+    cannot reach), and with RDMA its adapters and the interface it names."""
+    settings = {"NCCL_SOCKET_IFNAME": contract.POD_INTERFACE, "GLOO_SOCKET_IFNAME": contract.POD_INTERFACE}
+    if rdma:
+        settings |= {
+            "NCCL_IB_HCA": rdma.hca,
+            "NCCL_SOCKET_IFNAME": rdma.socket_ifname,
+            "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
+            "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
+            "NCCL_DEBUG": rdma.nccl_debug,
+        }
     return [{"name": key, "value": value} for key, value in settings.items() if value is not None]
 
 
@@ -191,19 +198,30 @@ def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict
 
 
 # PodSecurity "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards): no root (the
-# trainer image runs as uid 1000), the runtime's seccomp profile, no capabilities, no privilege escalation.
+# trainer image's user), the runtime's seccomp profile, no capabilities, no privilege escalation. Volumes
+# are group-owned by that user's group (a new claim's root is root's), re-owned only when their root is
+# not yet (OnRootMismatch: a large checkpoint volume is not walked at every start).
 def _pod_security() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {"runAsNonRoot": True, "runAsUser": contract.TRAINER_UID, "runAsGroup": contract.TRAINER_UID,
+            "fsGroup": contract.TRAINER_UID, "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-    """A pod of the job: its image pull secrets and priority, then `fields` (volumes, placement...)."""
+def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], account: str | None = None,
+              **fields: Any) -> dict[str, Any]:
+    """A pod of the job: its image pull secrets and priority, then `fields` (volumes, placement...).
+    Only a pod given the job's ServiceAccount (`account`: the head's) holds an API token; the others
+    get none, not even the namespace default's."""
     resources = job.spec.resources
     pod: dict[str, Any] = {"containers": containers, "securityContext": _pod_security()}
+    if account:
+        pod["serviceAccountName"] = account
+    else:
+        pod["automountServiceAccountToken"] = False
     if resources.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": secret} for secret in resources.image_pull_secrets]
     if resources.priority_class_name:
@@ -212,9 +230,8 @@ def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], **fields: Any)
 
 
 def _ray_pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]],
-                  gpu_workers: bool = False) -> dict[str, Any]:
-    return _pod_spec(job, [container], serviceAccountName=names.trainer(job.metadata["name"]), volumes=volumes,
-                     **_scheduling(job.spec.resources, gpu_workers))
+                  account: str | None = None, gpu_workers: bool = False) -> dict[str, Any]:
+    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers))
 
 
 def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
@@ -237,8 +254,7 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
 def _head_group(job: api.RLHFJob) -> dict[str, Any]:
     head = job.spec.resources.head
     volumes, mounts = _volumes(job)
-    env = [*_trainer_env(job), {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)}]
-    container = _container(job, "ray-head", env, mounts, {"cpu": head.cpu, "memory": head.memory})
+    container = _container(job, "ray-head", _driver_env(job), mounts, {"cpu": head.cpu, "memory": head.memory})
     # KubeRay builds the head Service from these ports once any is named, so Ray's are listed too.
     container["ports"] = [
         {"name": "gcs-server", "containerPort": 6379},
@@ -248,11 +264,12 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
     ]
     return {
-        # The head runs the trainer driver only; GPUs belong to the workers.
-        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        # The head runs the trainer driver only (KubeRay's advice for a large cluster): no model group
+        # or engine is placed there, every one goes to the workers (Ray counts their CPU limits).
+        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
             "metadata": names.pod_metadata(job.metadata["name"], "head"),
-            "spec": _ray_pod_spec(job, container, volumes),
+            "spec": _ray_pod_spec(job, container, volumes, account=names.trainer(job.metadata["name"])),
         },
     }
 
@@ -304,13 +321,13 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     resources = job.spec.resources
     volumes, mounts = _volumes(job)
     limits = {"cpu": resources.worker.cpu, "memory": resources.worker.memory}
-    env = _trainer_env(job)
+    env: list[dict[str, Any]] = []
     gpus = resources.gpus_per_node > 0
     if gpus:
         limits[resources.gpu_resource_name] = str(resources.gpus_per_node)
+        env = _nccl_env(resources.rdma)
     if resources.rdma:
         limits[resources.rdma.resource_name] = str(resources.rdma.resource_count)
-        env += _nccl_env(resources.rdma)
     container = _container(job, "ray-worker", env, mounts, limits)
     if resources.rdma:
         # RDMA registers (pins) memory, which needs IPC_LOCK.

@@ -120,8 +120,11 @@ def test_queued_job_is_created_suspended_with_the_kueue_label():
 
 
 def test_head_is_a_cpu_node_running_the_trainer_as_the_job_service_account():
-    head, _ = head_and_worker(render.ray_job(as_job(load_example("ppo-job.yaml"))))
-    assert head["rayStartParams"]["num-gpus"] == "0"
+    head, worker = head_and_worker(render.ray_job(as_job(load_example("ppo-job.yaml"))))
+    # The driver only: every model group and engine goes to the workers, whose CPUs and GPUs KubeRay
+    # gives Ray from their limits.
+    assert (head["rayStartParams"]["num-cpus"], head["rayStartParams"]["num-gpus"]) == ("0", "0")
+    assert worker["rayStartParams"] == {}
     pod = head["template"]["spec"]
     assert pod["serviceAccountName"] == "ppo-llama3-8b-trainer"
     assert "tolerations" not in pod and "affinity" not in pod and "nodeSelector" not in pod
@@ -212,7 +215,7 @@ def test_rdma_adds_the_resource_ipc_lock_and_nccl_settings_to_workers():
     assert not any(k.startswith("NCCL_") for k in env(head))
     plain_worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8}))))[1]
     assert container(plain_worker)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert not any(k.startswith("NCCL_") for k in env(plain_worker))
+    assert not any(k.startswith("NCCL_IB") for k in env(plain_worker))
     assert not any(k.startswith("rdma/") for k in container(plain_worker)["resources"]["limits"])
 
 
@@ -250,9 +253,10 @@ def test_reward_function_config_maps_and_http_tokens():
     mount = mounts(head)[f"{contract.REWARD_FUNCTIONS_DIR}/math-check"]
     assert volumes(head)[mount["name"]]["configMap"] == {"name": "math-reward"}
     assert len([m for m in mounts(head) if m.startswith(contract.REWARD_FUNCTIONS_DIR)]) == 1
-    for group in (head, worker):
-        # By reference: the pods read the Secret, the operator never does.
-        assert env(group)["RLHF_REWARD_JUDGE_API_TOKEN"] == {"secretKeyRef": {"name": "judge", "key": "token"}}
+    # By reference: the head's pod reads the Secret, the operator never does. The driver calls the
+    # scorer: no worker pod holds the token.
+    assert env(head)["RLHF_REWARD_JUDGE_API_TOKEN"] == {"secretKeyRef": {"name": "judge", "key": "token"}}
+    assert "RLHF_REWARD_JUDGE_API_TOKEN" not in env(worker)
 
 
 def test_models_and_checkpoints_on_volumes():
@@ -316,11 +320,12 @@ def test_tracker_credentials_are_secret_references_never_values():
     }))
     expected = {contract.WANDB_API_KEY_ENV: wandb_key, contract.MLFLOW_USERNAME_ENV: user,
                 contract.MLFLOW_PASSWORD_ENV: password}
-    for group in head_and_worker(render.ray_job(job)):
-        variables = {var["name"]: var for var in container(group)["env"]}
-        for name, ref in expected.items():
-            assert variables[name] == {"name": name, "valueFrom": {"secretKeyRef": ref}}
-        assert contract.MLFLOW_TOKEN_ENV not in variables  # no tokenSecret, no variable
+    head, worker = head_and_worker(render.ray_job(job))
+    variables = {var["name"]: var for var in container(head)["env"]}
+    for name, ref in expected.items():
+        assert variables[name] == {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    assert contract.MLFLOW_TOKEN_ENV not in variables  # no tokenSecret, no variable
+    assert not expected.keys() & env(worker).keys()  # the driver alone logs to the trackers
     # The trainer's config names the Secrets (its run config shows them) and holds no credential.
     config = yaml.safe_load(render.config_map(job)["data"][contract.JOB_CONFIG_FILE])
     assert config["spec"]["tracking"]["wandb"]["apiKeySecret"] == wandb_key
@@ -340,3 +345,51 @@ def test_an_environment_config_map_is_mounted_where_the_trainer_looks():
     for group in head_and_worker(ray_job):
         mount = next(m for m in container(group)["volumeMounts"] if m["mountPath"] == contract.ENVIRONMENT_CODE_DIR)
         assert volumes(group)[mount["name"]]["configMap"] == {"name": "guess-game"} and mount["readOnly"]
+
+
+def test_every_pod_runs_as_the_image_user_and_owns_its_volumes_by_group():
+    """uid 1000 could not write a root-owned claim: the kubelet makes the volumes the user's group's."""
+    ray_job = render.ray_job(as_job(load_example("ppo-job.yaml")))
+    for pod in [group["template"]["spec"] for group in head_and_worker(ray_job)] + \
+            [ray_job["spec"]["submitterPodTemplate"]["spec"]]:
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": contract.TRAINER_UID, "runAsGroup": contract.TRAINER_UID,
+            "fsGroup": contract.TRAINER_UID, "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_only_the_head_holds_the_job_s_token_and_credentials():
+    """The driver alone writes status, scores http rewards and logs to trackers; the user's own
+    environment still reaches every Ray pod."""
+    doc = tiny(algorithm="grpo", data={"prompts": {"sources": [{"path": "org/prompts"}]}},
+               rollout={"samplesPerPrompt": 4}, training={"rolloutBatchSize": 32, "trainBatchSize": 128},
+               tracking={"wandb": {"project": "rlhf", "apiKeySecret": {"name": "wandb", "key": "api-key"}}},
+               resources={"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}],
+                          "envFrom": [{"configMapRef": {"name": "settings"}}], "gpusPerNode": 0})
+    doc["spec"]["reward"] = {"sources": [{"name": "judge", "type": "http", "http": {
+        "url": "https://judge.example/score", "authSecretRef": {"name": "judge", "key": "token"}}}]}
+    ray_job = render.ray_job(as_job(doc))
+    head, worker = head_and_worker(ray_job)
+    assert head["template"]["spec"]["serviceAccountName"] == "tiny-trainer"
+    assert "automountServiceAccountToken" not in head["template"]["spec"]
+    submitter = ray_job["spec"]["submitterPodTemplate"]
+    for pod in (worker["template"]["spec"], submitter["spec"]):
+        assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert {"RLHF_REWARD_JUDGE_TOKEN", contract.WANDB_API_KEY_ENV, contract.JOB_NAME_ENV} <= env(head).keys()
+    assert env(worker) == {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "t"}}}
+    assert container(worker)["envFrom"] == [{"configMapRef": {"name": "settings"}}]
+    assert "env" not in submitter["spec"]["containers"][0]
+
+
+def test_gpu_workers_talk_over_the_pod_network_unless_told_otherwise():
+    """Without RDMA, NCCL and Gloo once picked whatever interface they found first."""
+    head, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8}))))
+    assert (env(worker)["NCCL_SOCKET_IFNAME"], env(worker)["GLOO_SOCKET_IFNAME"]) == ("eth0", "eth0")
+    assert "NCCL_SOCKET_IFNAME" not in env(head)
+    rdma = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8, "rdma": {"socketIfname": "ib0"}}))))[1]
+    assert (env(rdma)["NCCL_SOCKET_IFNAME"], env(rdma)["GLOO_SOCKET_IFNAME"]) == ("ib0", "eth0")
+    user = [{"name": "NCCL_SOCKET_IFNAME", "value": "bond0"}]
+    own = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 8, "env": user}))))[1]
+    assert [var for var in container(own)["env"] if var["name"] == "NCCL_SOCKET_IFNAME"] == user
+    cpu_worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 0}))))[1]
+    assert "NCCL_SOCKET_IFNAME" not in env(cpu_worker) and "GLOO_SOCKET_IFNAME" not in env(cpu_worker)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..contract import POD_INTERFACE
 from .base import APIModel, Passthrough, Quantity, cel, section
 
 
@@ -35,8 +36,8 @@ class RDMASpec(APIModel):
     """Units of that resource per worker pod."""
     hca: str = Field("mlx5", max_length=512)
     """NCCL_IB_HCA: which host channel adapters NCCL uses."""
-    socket_ifname: str = Field("eth0", max_length=256)
-    """NCCL_SOCKET_IFNAME: interface for NCCL's bootstrap and socket traffic."""
+    socket_ifname: str = Field(POD_INTERFACE, max_length=256)
+    """NCCL_SOCKET_IFNAME of the GPU workers: the interface for NCCL's bootstrap and socket traffic (without rdma: eth0, the pod network's interface, as for Gloo's GLOO_SOCKET_IFNAME); a variable of that name in resources.env wins."""
     gdr_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] = "PHB"
     """NCCL_NET_GDR_LEVEL: the farthest topology distance at which GPUDirect RDMA is used."""
     gid_index: int | None = Field(None, ge=0, le=255)
@@ -116,7 +117,7 @@ class ResourcesSpec(APIModel):
     affinity: Passthrough | None = None
     """Affinity (core/v1 Affinity) of every pod of the job (head, workers, submitter); GPU workers also require gpuProduct."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
-    """Environment of the trainer and workers (e.g. HF_TOKEN from a Secret)."""
+    """Environment of the trainer and workers (e.g. HF_TOKEN from a Secret); a variable set here replaces the operator's own of that name (e.g. NCCL_SOCKET_IFNAME, see rdma.socketIfname)."""
     env_from: list[Passthrough] = Field(default_factory=list, max_length=16)
     """Environment from ConfigMaps or Secrets (core/v1 EnvFromSource), by reference."""
     priority_class_name: str | None = Field(None, max_length=253)
