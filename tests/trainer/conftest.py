@@ -1,11 +1,15 @@
-"""Fixtures of the trainer's tests: tiny models built offline, a private Ray instance, and bare TRL
-trainer objects for the tests that use TRL as an oracle."""
+"""Fixtures of the trainer's tests: tiny models built offline, a private Ray instance, a Ray cluster of
+several nodes (RayNodes), and bare TRL trainer objects for the tests that use TRL as an oracle."""
 
 from __future__ import annotations
 
 import collections
 import os
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import types
 from pathlib import Path
@@ -13,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from e2e.fixtures import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 TOY_JOB = EXAMPLES / "tiny-grpo-cpu-job.yaml"
@@ -111,3 +117,70 @@ def trl_trainer():
         return trainer
 
     return build
+
+
+class RayNodes:
+    """A Ray cluster of several nodes on this machine, laid out as the operator's RayJob lays one out:
+    a head node with no CPUs (it runs the driver, this process, and no model group) and worker nodes
+    that run every rank and engine. Each worker node is a `ray start` in a mount namespace of its own
+    with a private tmpfs on `local`: what a node writes under `local` only that node sees, as a pod's
+    own disk; `shared` is one directory every node sees, as a claim every pod mounts."""
+
+    def __init__(self, root: Path, cpus_per_worker: list[int]):
+        import ray
+
+        self.root, self.shared, self.local = root, root / "shared", root / "local"
+        for directory in (self.shared, self.local):
+            directory.mkdir()
+        context = ray.init(num_cpus=0, include_dashboard=False, _temp_dir=str(root / "ray"), log_to_driver=False)
+        self.head = ray.get_runtime_context().get_node_id()
+        self.address = context.address_info["gcs_address"]
+        self.workers: list[subprocess.Popen] = []
+        # One at a time: nodes starting together in one session directory race for its socket names.
+        for index, cpus in enumerate(cpus_per_worker):
+            start = ["ray", "start", f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--block",
+                     "--disable-usage-stats"]
+            script = f"mount -t tmpfs tmpfs {shlex.quote(str(self.local))} && exec {shlex.join(start)}"
+            with open(root / f"worker-{index}.log", "wb") as log:
+                self.workers.append(subprocess.Popen(
+                    ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}))
+            wait_for(lambda: self._alive() and len(self.worker_nodes()) == len(self.workers), 120,
+                     f"worker node {index} to join the head")
+
+    def _alive(self) -> bool:
+        for index, worker in enumerate(self.workers):
+            assert worker.poll() is None, (self.root / f"worker-{index}.log").read_text()[-3000:]
+        return True
+
+    def worker_nodes(self) -> list[str]:
+        import ray
+
+        return [node["NodeID"] for node in ray.nodes() if node["Alive"] and node["NodeID"] != self.head]
+
+    def stop(self) -> None:
+        import ray
+
+        ray.shutdown()
+        for worker in self.workers:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+    """RayNodes with two worker nodes of one CPU each: a job's actor and vLLM engine land on different
+    nodes, neither the driver's. Module-scoped: every test of the module shares the cluster."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    root = Path(tempfile.mkdtemp(prefix="rlhf-nodes-", dir="/tmp"))  # short: Ray's socket paths
+    nodes = RayNodes(root, [1, 1])
+    yield nodes
+    nodes.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -109,10 +109,10 @@ def test_every_micro_batch_carries_its_step_s_token_count_over_all_ranks():
 def one_rank():
     """This process as the only rank of a torch.distributed group (what a ModelWorker joins); the
     environment it sets is restored after the module."""
-    from rlhf_trainer.workers.distributed import free_port, init_distributed
+    from rlhf_trainer.workers.distributed import COLLECTIVE_TIMEOUT, init_distributed, open_store
 
     saved = dict(os.environ)
-    init_distributed(0, 1, "127.0.0.1", free_port(), use_gpu=False)
+    init_distributed(0, 1, open_store(1, COLLECTIVE_TIMEOUT), use_gpu=False)
     yield
     torch.distributed.destroy_process_group()
     os.environ.clear()
@@ -210,7 +210,6 @@ def test_sft_step_gives_every_token_of_the_step_the_weight_one_over_its_count(ti
 
 def test_scoring_twice_with_dropout_gives_the_same_log_probs(tiny_model, one_rank, tmp_path):
     """The old and reference log-probs of ModelWorker.forward come with dropout off; training mode is back after."""
-    from rlhf_trainer.workers.distributed import free_port
     from rlhf_trainer.workers.model_worker import ModelWorker
 
     path = shutil.copytree(tiny_model, tmp_path / "dropout")
@@ -218,7 +217,7 @@ def test_scoring_twice_with_dropout_gives_the_same_log_probs(tiny_model, one_ran
     (path / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
     worker = ModelWorker(0, 1)
     worker.setup(_actor_config(path, train_batch_size=2, micro_train_batch_size=1, micro_rollout_batch_size=2),
-                 "127.0.0.1", free_port())
+                 *worker.open_rendezvous())
     experience = _experience([8, 5, 3])
     args = experience.sequences, experience.attention_mask, experience.num_actions
     with torch.no_grad():

@@ -12,7 +12,8 @@ import yaml
 
 from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
-from rlhf_trainer.checks import check
+from rlhf_trainer.checks import check, check_cluster
+from rlhf_trainer.workers.group import plan_placement
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -114,3 +115,17 @@ def test_the_check_is_the_one_the_run_makes(toy_job, tmp_path):
     with pytest.raises(InvalidJob) as invalid:
         check(job.spec, tmp_path)
     assert [error.path for error in invalid.value.errors] == ["spec.reward.sources[0].function.entrypoint"]
+
+
+def test_a_cluster_short_of_cpus_for_its_gpu_bundles_is_refused_naming_the_worker_cpus(toy_job):
+    """Each GPU bundle asks for a GPU and a CPU to drive it: a cluster with the GPUs but fewer CPUs
+    (worker pods with cpu below gpusPerNode, a head with none) could never place them; refused up front."""
+    job = validate(yaml.safe_load(toy_job(**{"resources.nodes": 2, "resources.gpusPerNode": 2}).read_text()))
+    placement = plan_placement(job.spec, use_gpu=True)
+    assert placement.needs == {"GPU": placement.bundles, "CPU": placement.bundles}
+    check_cluster(job.spec, placement, {"GPU": 4, "CPU": 4})
+    with pytest.raises(InvalidJob) as refusal:
+        check_cluster(job.spec, placement, {"GPU": 4, "CPU": 2})
+    assert [error.path for error in refusal.value.errors] == ["spec.resources.worker.cpu"]
+    assert (f"the job needs {placement.bundles} CPUs (one per rank and vLLM worker) but the Ray cluster has 2: give "
+            "each worker pod at least one CPU per GPU") in str(refusal.value)

@@ -3,6 +3,11 @@
 step and the data loader's position, under "prompts" or "data": loop.RunLoop.data_key). The state
 file is written last, so a directory without it is an interrupted save and is never resumed from.
 The newest `keep` checkpoints are kept.
+
+Every rank writes its own shards, on whichever Ray node it runs, and the driver writes the state
+file, prunes and resumes: the directory must be one that every node holding a model group shares
+(in a cluster, the claim of checkpoint.pvc that every pod mounts). `require_shared` checks that
+before any model loads.
 """
 
 from __future__ import annotations
@@ -10,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 STATE_FILE = "trainer_state.json"
 PREFIX = "step-"
@@ -22,6 +30,51 @@ PREFIX = "step-"
 # (tests/trainer/test_faults_kill.py resumes from the checkpoint before it).
 CRASH_IN_SAVE_ENV = "RLHF_TRAINER_CRASH_IN_SAVE"
 CRASH_EXIT_CODE = 137
+
+
+class CheckpointNotShared(RuntimeError):
+    """The checkpoint directory is not one directory that the driver and every model group's node share."""
+
+
+def require_shared(root: Path, group: PlacementGroup) -> None:
+    """Create `root` and check that every node holding a bundle of `group` reads what this process wrote
+    there and writes what this process reads: else the ranks' shards, the state file, `final/` and
+    `best/` would be split over the nodes' own disks, and a resume would find none of them whole."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        (root / f".shared-{token}").write_text(token)
+    except OSError as error:
+        raise CheckpointNotShared(f"checkpoint.path {root} cannot be written: {error.strerror}. Point it at a "
+                                  "directory this user may create and write (in a cluster, on the checkpoint.pvc "
+                                  "claim)") from None
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted(set(placement_group_table(group)["bundles_to_node_id"].values()) - {here})
+    probe = ray.remote(num_cpus=0)(_write_back)
+    answers = ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                      .remote(str(root), token, node) for node in nodes])
+    echoed = {path.name.rsplit("-", 1)[1] for path in root.glob(f".shared-{token}-*") if path.read_text() == token}
+    unshared = [f"{node[:12]} ({answer or 'its file is not here'})" for node, answer in zip(nodes, answers)
+                if node not in echoed]
+    for leftover in root.glob(f".shared-{token}*"):
+        leftover.unlink()
+    if unshared:
+        raise CheckpointNotShared(
+            f"checkpoint.path {root} is not one directory shared by the Ray nodes: the nodes "
+            f"{', '.join(unshared)} do not see it as the driver does, yet their ranks write checkpoint shards "
+            "there. Put it on storage every node mounts: in a cluster set checkpoint.pvc to a ReadWriteMany "
+            "claim; outside one, a shared filesystem")
+
+
+def _write_back(root: str, token: str, node: str) -> str:
+    """On a model group's node: "" once the driver's token was read and echoed beside it, else what went wrong."""
+    try:
+        if Path(root, f".shared-{token}").read_text() != token:
+            return "reads another file"
+        Path(root, f".shared-{token}-{node}").write_text(token)
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return ""
 
 
 def step_dir(root: Path, step: int) -> Path:

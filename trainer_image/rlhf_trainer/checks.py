@@ -79,14 +79,24 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     return placement
 
 
+_SHORT_HINTS = {  # (resource, GPU job?) -> the field to change, and how
+    ("GPU", True): ("spec.resources.gpusPerNode", "set gpusPerNode: 0 to run on CPU"),
+    ("CPU", True): ("spec.resources.worker.cpu", "give each worker pod at least one CPU per GPU"),
+    ("CPU", False): ("spec.resources.gpus", "start Ray with more CPUs (--num-cpus), or run fewer ranks"),
+}
+
+
 def check_cluster(spec: RLHFJobSpec, placement: Placement, resources: dict[str, float]) -> None:
-    """The Ray cluster has what the placement asks for (one GPU or CPU per bundle)."""
-    kind = "GPU" if placement.use_gpu else "CPU"
-    if resources.get(kind, 0) < placement.bundles:
-        field = "spec.resources.gpusPerNode" if placement.use_gpu else "spec.resources.gpus"
-        hint = "set gpusPerNode: 0 to run on CPU" if placement.use_gpu else "start Ray with more CPUs (--num-cpus)"
-        raise InvalidJob([FieldError(field, f"the job needs {placement.bundles} {kind}s (one per rank and vLLM "
-                                            f"worker) but the Ray cluster has {resources.get(kind, 0):g}: {hint}")])
+    """The Ray cluster has, in all, every resource the placement's bundles ask for (Placement.needs:
+    a GPU and a CPU per bundle on GPUs, a CPU on CPU)."""
+    errors = []
+    for kind, needed in placement.needs.items():
+        if resources.get(kind, 0) < needed:
+            field, hint = _SHORT_HINTS[kind, placement.use_gpu]
+            errors.append(FieldError(field, f"the job needs {needed:g} {kind}s (one per rank and vLLM worker) but "
+                                            f"the Ray cluster has {resources.get(kind, 0):g}: {hint}"))
+    if errors:
+        raise InvalidJob(errors)
 
 
 def _missing_data(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:

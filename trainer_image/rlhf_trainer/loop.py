@@ -4,7 +4,9 @@ A run is `total_steps` steps over a resumable data loader (data.PromptLoader), t
 at most: each step trains one batch (the subclass's `_steps`) and is logged; a checkpoint is
 saved every checkpoint.intervalSteps steps and after the last one, and checkpoint.resume
 continues from the newest one with the trained groups' state, the step and the loader's
-position. The model groups live in one placement group, reserved by `_start` and freed by `close`.
+position. The model groups live in one placement group, reserved by `_start` and freed by `close`;
+before any model loads, `_start` checks that the checkpoint directory is shared by every node
+of the placement group (checkpoint.require_shared).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class RunLoop(ABC):
         """Reserve the placement group and start the workers; stop what started if that fails."""
         self.placement_group = create_placement_group(self.placement)
         try:
+            checkpoint.require_shared(self.checkpoint_dir, self.placement_group)
             self._start_workers()
         except BaseException:
             self.close()

@@ -49,8 +49,9 @@ LOGS = "logs"  # metrics.jsonl, tensorboard/ and the trackers' local files, insi
 def checkpoint_dir(spec: RLHFJobSpec, output_dir: Path) -> Path:
     """Where a run writes everything it leaves: checkpoint.path, relative to the run's output
     directory (`rlhf run --output-dir`, default runs/<job name>); an absolute path (the cluster's
-    checkpoint volume) stays as it is."""
-    return Path(output_dir) / spec.checkpoint.path
+    checkpoint volume) stays as it is. Made absolute here: ranks on other Ray nodes run in other
+    working directories."""
+    return (Path(output_dir) / spec.checkpoint.path).absolute()
 
 
 def logs_dir(spec: RLHFJobSpec, output_dir: Path) -> Path:

@@ -149,14 +149,14 @@ def _trainer_class(algorithm: str):
 
 
 def _cluster_resources(placement, wait: float) -> dict[str, float]:
-    """The Ray cluster's resources, once it has a bundle's worth per rank or after `wait` seconds
-    (a RayJob's entrypoint may start before every worker pod has joined)."""
+    """The Ray cluster's resources, once it has what the bundles need in all (Placement.needs) or
+    after `wait` seconds (a RayJob's entrypoint may start before every worker pod has joined)."""
     import ray
 
-    kind = "GPU" if placement.use_gpu else "CPU"
     deadline = time.monotonic() + wait
     while True:
         resources = ray.cluster_resources()
-        if resources.get(kind, 0) >= placement.bundles or time.monotonic() >= deadline:
+        enough = all(resources.get(kind, 0) >= needed for kind, needed in placement.needs.items())
+        if enough or time.monotonic() >= deadline:
             return resources
         time.sleep(2)

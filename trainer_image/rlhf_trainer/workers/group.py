@@ -23,7 +23,7 @@ from typing import Callable
 
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import Tensor
 
@@ -48,8 +48,18 @@ class Placement:
     shared: dict[str, str] = field(default_factory=dict)  # role -> the role whose ranks serve it (shared_roles)
 
     @property
+    def bundle(self) -> dict[str, float]:
+        """What one bundle asks of the node it lands on: a GPU and a CPU to drive it, or a CPU."""
+        return {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
+
+    @property
     def bundle_resources(self) -> list[dict[str, float]]:
-        return [{"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1} for _ in range(self.bundles)]
+        return [self.bundle] * self.bundles
+
+    @property
+    def needs(self) -> dict[str, float]:
+        """What the whole placement group asks of the cluster, per resource."""
+        return {kind: amount * self.bundles for kind, amount in self.bundle.items()}
 
     def share(self, bundle: int) -> float:
         """The fraction of a bundle each of the Ray actors placed on it gets."""
@@ -140,10 +150,34 @@ def _split_gpus(spec: RLHFJobSpec, roles: list[str], explicit: dict, engine_gpus
     return sizes
 
 
-def create_placement_group(placement: Placement) -> PlacementGroup:
+PLACEMENT_TIMEOUT = 300  # seconds the bundles get to be placed once the cluster has their resources in all
+
+
+class PlacementTimeout(RuntimeError):
+    """The placement group was not placed in time: no set of nodes can hold its bundles."""
+
+
+def create_placement_group(placement: Placement, timeout: float = PLACEMENT_TIMEOUT) -> PlacementGroup:
+    """Reserve the bundles; raises PlacementTimeout, saying what each node has free, when Ray cannot place
+    them within `timeout` seconds (a bundle must fit on one node: resources spread over several do not)."""
     group = placement_group(placement.bundle_resources, strategy="PACK")
-    ray.get(group.ready())
+    ready, _ = ray.wait([group.ready()], timeout=timeout)
+    if not ready:
+        remove_placement_group(group)
+        nodes = "; ".join(f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: {_free(node['NodeID'])}"
+                          for node in ray.nodes() if node["Alive"])
+        hint = ("give the worker pods at least one CPU per GPU (resources.worker.cpu)" if placement.use_gpu
+                else "give the worker pods more CPUs (resources.worker.cpu), or run fewer ranks")
+        raise PlacementTimeout(
+            f"the {placement.bundles} bundles of {placement.bundle} (one per rank and vLLM worker) were not placed in "
+            f"{timeout:g}s: each bundle needs one Ray node with all of it, and the nodes have free: {nodes}. To fit, "
+            f"{hint}")
     return group
+
+
+def _free(node_id: str) -> str:
+    free = ray._private.state.available_resources_per_node().get(node_id, {})  # noqa: SLF001 - Ray's own view
+    return ", ".join(f"{kind} {free.get(kind, 0):g}" for kind in ("CPU", "GPU"))
 
 
 def _on_bundle(group: PlacementGroup, placement: Placement, bundle: int, **extra) -> dict:
@@ -180,7 +214,7 @@ class ModelGroup:
 
     def setup(self, cfg: ModelConfig) -> list[ray.ObjectRef]:
         """Load the model on every rank (wait on the returned refs)."""
-        master_addr, master_port = ray.get(self.workers[0].master_address.remote())
+        master_addr, master_port = ray.get(self.workers[0].open_rendezvous.remote())
         return [w.setup.remote(cfg, master_addr, master_port) for w in self.workers]
 
     def call(self, method: str, *args) -> list[ray.ObjectRef]:

@@ -3,8 +3,8 @@
 The work lives in the modules it composes: engine.py loads the model into a DeepSpeed engine and
 reads it, objectives.py trains it one micro-batch at a time, weights.py gathers its full weights
 and weight_sync.py sends them to vLLM. Its methods are the group's remote API, called by name
-(ModelGroup, checkpoint.py, weight_sync.py, the trainers): master_address, setup, forward, score,
-train, train_offline, checksums, save_pretrained, broadcast_weights, init_weight_sync,
+(ModelGroup, checkpoint.py, weight_sync.py, the trainers): open_rendezvous, setup, forward, score,
+train, train_offline, checksums, save_pretrained, broadcast_weights, open_weight_sync, join_weight_sync,
 save_checkpoint and load_checkpoint.
 
 Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
@@ -25,7 +25,7 @@ from torch import Tensor
 from ..experience import Experience
 from ..offline_data import OfflineBatch
 from . import weights
-from .distributed import free_port, init_distributed, node_address
+from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
 from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, value_step
 
@@ -33,16 +33,21 @@ from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, val
 class ModelWorker:
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self.sync_group = None  # rank 0: the weight-sync group with the vLLM workers (init_weight_sync)
+        self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
+        self.sync_store = None  # rank 0: the weight-sync group's rendezvous (open_weight_sync)
+        self.sync_group = None  # rank 0: the weight-sync group with the vLLM workers (join_weight_sync)
 
-    def master_address(self) -> tuple[str, int]:
-        return node_address(), free_port()
+    def open_rendezvous(self) -> tuple[str, int]:
+        """Rank 0: serve the group's rendezvous; returns its address for every rank's `setup`."""
+        self.store = open_store(self.world_size, COLLECTIVE_TIMEOUT)
+        return node_address(), self.store.port
 
     def setup(self, cfg: ModelConfig, master_addr: str, master_port: int) -> None:
         # DeepSpeed calls a torch.distributed function torch deprecated, once per step.
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         torch.manual_seed(cfg.training.seed)
-        init_distributed(self.rank, self.world_size, master_addr, master_port, use_gpu=cfg.use_gpu)
+        store = self.store or join_store(master_addr, master_port, self.world_size, COLLECTIVE_TIMEOUT)
+        init_distributed(self.rank, self.world_size, store, use_gpu=cfg.use_gpu)
         self.model = load_model(cfg, self.rank, self.world_size)
 
     # -- forward passes --------------------------------------------------------------------------
@@ -119,10 +124,18 @@ class ModelWorker:
 
         broadcast_parameters(self.model, self.sync_group, engines, getattr(torch, dtype))
 
-    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int) -> None:
+    def open_weight_sync(self, world_size: int) -> tuple[str, int]:
+        """Rank 0: serve the weight-sync group's rendezvous; returns its address for the vLLM workers."""
+        from .weight_sync import SYNC_TIMEOUT
+
+        self.sync_store = open_store(world_size, SYNC_TIMEOUT)
+        return node_address(), self.sync_store.port
+
+    def join_weight_sync(self, world_size: int) -> None:
+        """Rank 0: take rank 0 of the weight-sync group (the vLLM workers join meanwhile)."""
         from .weight_sync import SyncGroup
 
-        self.sync_group = SyncGroup(master_addr, master_port, 0, world_size, self.model.device)
+        self.sync_group = SyncGroup(self.sync_store, 0, world_size, self.model.device)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import ray
 import torch
 from torch import Tensor
 
-from .distributed import backend
+from .distributed import backend, join_store
 
 # Every member waits at most this long for the others, at the rendezvous and in each broadcast.
 # Both sides are idle before they start (see _wait_until_idle), so minutes are plenty, and a
@@ -37,7 +37,8 @@ _PROCESS_GROUPS = {"gloo": "ProcessGroupGloo", "nccl": "ProcessGroupNCCL"}
 
 class SyncGroup:
     """This process's membership of the weight-sync group: rank 0 is actor rank 0, which serves the
-    rendezvous (a TCPStore, its keys under a prefix of their own); rank 0 broadcasts, the rest receive.
+    rendezvous (`store`: distributed.open_store there, join_store on the others; its keys under a
+    prefix of their own); rank 0 broadcasts, the rest receive.
 
     It holds torch's backend itself rather than a ProcessGroup made by torch's
     `_new_process_group_helper` as OpenRLHF does: on GPUs DeepSpeed binds its default group to the
@@ -45,11 +46,10 @@ class SyncGroup:
     DeepSpeed's, a collective of DeepSpeed's ranks that the vLLM workers are no part of.
     """
 
-    def __init__(self, master_addr: str, master_port: int, rank: int, world_size: int, device: torch.device):
+    def __init__(self, store, rank: int, world_size: int, device: torch.device):
         from torch import distributed
 
         self.device = device
-        store = distributed.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=SYNC_TIMEOUT)
         self.store = distributed.PrefixStore("weight-sync/", store)
         process_group = getattr(distributed, _PROCESS_GROUPS[backend(use_gpu=device.type == "cuda")])
         self.process_group = process_group(self.store, rank, world_size, SYNC_TIMEOUT)
@@ -72,13 +72,14 @@ class SyncGroup:
 def setup_broadcast_group(actor_group, engines: list, tensor_parallel_size: int) -> None:
     """Form the group: actor rank 0 is rank 0, then the tensor-parallel workers of each engine."""
     _wait_until_idle(engines)
-    master_addr, master_port = ray.get(actor_group.workers[0].master_address.remote())
     world_size = 1 + len(engines) * tensor_parallel_size
+    sender = actor_group.workers[0]
+    master_addr, master_port = ray.get(sender.open_weight_sync.remote(world_size))
     receivers = [
         engine.init_weight_sync.remote(master_addr, master_port, 1 + i * tensor_parallel_size, world_size)
         for i, engine in enumerate(engines)
     ]
-    ray.get([actor_group.workers[0].init_weight_sync.remote(master_addr, master_port, world_size)] + receivers)
+    ray.get([sender.join_weight_sync.remote(world_size)] + receivers)
 
 
 def sync_weights(actor_group, engines: list, *, dtype: str) -> None:
@@ -123,7 +124,8 @@ class WeightSyncExtension:
         from vllm.distributed.parallel_state import get_world_group
 
         rank = get_world_group().rank + rank_offset
-        self.weight_sync_group = SyncGroup(master_addr, master_port, rank, world_size, self.device)
+        store = join_store(master_addr, master_port, world_size, SYNC_TIMEOUT)
+        self.weight_sync_group = SyncGroup(store, rank, world_size, self.device)
 
     def receive_weights(self, announced: list[tuple[str, str, tuple[int, ...]]]) -> None:
         """Reload the model in place from the parameters rank 0 broadcasts, in the announced order,
