@@ -61,7 +61,8 @@ def _cpu_node() -> str:
     return next(n["metadata"]["name"] for n in nodes if "nvidia.com/gpu.present" not in n["metadata"]["labels"])
 
 
-def local_claim(core: Any, namespace: str, claim: str, directory: Path, size: str = "1Gi") -> Path:
+def local_claim(core: Any, namespace: str, claim: str, directory: Path, size: str = "1Gi",
+                access_modes: tuple[str, ...] = ("ReadWriteMany",)) -> Path:
     """A `local` PersistentVolume on `directory` (created) and the claim `claim` Bound to it; returns directory.
 
     The claim names its volume (spec.volumeName), so the real PV controller binds the two at once.
@@ -74,13 +75,13 @@ def local_claim(core: Any, namespace: str, claim: str, directory: Path, size: st
     core.create_persistent_volume({
         "metadata": {"name": volume_name, "ownerReferences": [
             {"apiVersion": "v1", "kind": "Namespace", "name": owner.name, "uid": owner.uid}]},
-        "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
+        "spec": {"capacity": {"storage": size}, "accessModes": list(access_modes), "storageClassName": STORAGE_CLASS,
                  "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(directory)},
                  "nodeAffinity": {"required": {"nodeSelectorTerms": [node_term]}}},
     })
     core.create_namespaced_persistent_volume_claim(namespace, {
         "metadata": {"name": claim},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS, "volumeName": volume_name,
+        "spec": {"accessModes": list(access_modes), "storageClassName": STORAGE_CLASS, "volumeName": volume_name,
                  "resources": {"requests": {"storage": size}}},
     })
     wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase == "Bound",

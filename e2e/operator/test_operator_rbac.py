@@ -73,7 +73,7 @@ def request_key(event: dict) -> tuple[str, str, str]:
 
 
 def lifecycle(kube: Kube, namespace: str, queue: str) -> None:
-    """Every path that needs a permission: children made, a Kueue Workload and a RayJob suspended,
+    """Every path that needs a permission: a claim read, children made, a Kueue Workload and a RayJob suspended,
     status mirrored, a RayJob deleted out of band recreated (its children exist: created, refused
     as existing, read to check their owner), a deadline failing a job and its TTL deleting it, a
     deletion finalized."""
@@ -86,7 +86,8 @@ def lifecycle(kube: Kube, namespace: str, queue: str) -> None:
     kube.patch(api.KIND, namespace, "queued", {"spec": {"suspend": False}})
     wait_admitted(kube, namespace, "queued")
 
-    create_job(kube, namespace, rlhf_job("plain"))  # not queued: the operator suspends its RayJob itself
+    # Not queued: the operator suspends its RayJob itself. Its checkpoint claim is read (access modes).
+    create_job(kube, namespace, rlhf_job("plain", checkpoint={"pvc": "rlhf-checkpoints"}))
     wait_phase(kube, namespace, "plain", "Provisioning", timeout=TIMEOUT)
     deleted = kube.get("RayJob", namespace, "plain")["metadata"]["uid"]
     kube.delete("RayJob", namespace, "plain", deleted)

@@ -9,6 +9,7 @@ as a pod waits for its volumes, and becomes Unrealisable only after DEPENDENCY_W
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rlhf_api import v1alpha1 as api
 
@@ -57,6 +58,35 @@ def check_gpus(spec: api.RLHFJobSpec) -> None:
             f"most {most} GPUs: set gpusPerNode to {most} or less and raise spec.resources.nodes instead")
 
 
+# Access modes under which pods on several nodes may mount a claim at once: the head and every worker
+# write the checkpoint claim, and read a model's (mounted readOnly).
+WRITTEN_BY_ALL = ("ReadWriteMany",)
+READ_BY_ALL = ("ReadWriteMany", "ReadOnlyMany")
+
+
+def check_claims(spec: api.RLHFJobSpec, claim: Callable[[str], dict[str, Any] | None]) -> None:
+    """The head and the workers mount the job's claims on different nodes: a claim only one node may
+    attach (ReadWriteOnce, ReadWriteOncePod) would leave the pods in Multi-Attach errors forever.
+    A claim that does not exist yet is the scheduler's to report (the job's status gives its reason)."""
+    claims = [(f"spec.models.{role}.pvc", model.pvc.claim_name, READ_BY_ALL)
+              for role, model in spec.models if model is not None and model.pvc is not None]
+    if spec.checkpoint.pvc:
+        claims.append(("spec.checkpoint.pvc", spec.checkpoint.pvc, WRITTEN_BY_ALL))
+    for field, name, shared in claims:
+        found = claim(name)
+        if found is None:
+            continue
+        # Those of the volume it is bound to, else those it asks for.
+        modes = (found.get("status") or {}).get("accessModes") or found["spec"].get("accessModes") or []
+        if modes and not set(modes) & set(shared):
+            workers = spec.resources.nodes
+            raise Unrealisable(
+                "VolumeNotShared",
+                f"{field}: claim {name} is {', '.join(modes)}: the head and {workers} worker pod"
+                f"{'s' if workers > 1 else ''} mount it on different nodes; use a {' or '.join(shared)} claim "
+                "(NFS, CephFS, Filestore, EFS, Lustre...)")
+
+
 def check_code_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
     """The ConfigMaps of reward functions and of the environment; waited: seconds since the job was created."""
     namespace = job.metadata["namespace"]
@@ -73,7 +103,10 @@ def check_code_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], 
                            f"({create}), then delete and re-create this RLHFJob")
 
 
-def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:
-    """Every check, cheapest first; raises Unrealisable (or Waiting) on the first that fails."""
+def check(job: api.RLHFJob, config_map_exists: Callable[[str], bool],
+          claim: Callable[[str], dict[str, Any] | None], waited: float) -> None:
+    """Every check, cheapest first and final refusals before waits; raises Unrealisable (or Waiting)
+    on the first that fails. claim: a PersistentVolumeClaim of the job's namespace by name, or None."""
     check_gpus(job.spec)
+    check_claims(job.spec, claim)
     check_code_config_maps(job, config_map_exists, waited)

@@ -26,6 +26,7 @@ RESOURCES = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayJob": ("/apis/ray.io/v1", "rayjobs"),
     "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),  # read only: can every pod mount it
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),  # leader election among replicas  # Kueue's admission unit of a queued RayJob
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),

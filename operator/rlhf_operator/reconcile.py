@@ -293,7 +293,8 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         # Children are created before the RayJob, so while it exists they were made (one deleted out
         # of band since is made again with the RayJob, not on every reconcile).
         if ray_job is None:
-            checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name), waited=_age_seconds(meta))
+            checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name),
+                         lambda name: client.get("PersistentVolumeClaim", namespace, name), waited=_age_seconds(meta))
             for child in render.supporting_children(job):
                 ensure(child, meta["uid"])
                 crash_point(child["kind"])
