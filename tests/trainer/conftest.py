@@ -176,11 +176,11 @@ class RayNodes:
 
 @pytest.fixture(scope="module")
 def ray_nodes():
-    """RayNodes with two worker nodes of one CPU each: a job's actor and vLLM engine land on different
-    nodes, neither the driver's. Module-scoped: every test of the module shares the cluster."""
+    """RayNodes with three worker nodes of one CPU each: a job's actor, reference and vLLM engine land on
+    different nodes, none the driver's. Module-scoped: every test of the module shares the cluster."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     root = Path(tempfile.mkdtemp(prefix="rlhf-nodes-", dir="/tmp"))  # short: Ray's socket paths
-    nodes = RayNodes(root, [1, 1])
+    nodes = RayNodes(root, [1, 1, 1])
     yield nodes
     nodes.stop()
     shutil.rmtree(root, ignore_errors=True)

@@ -1,5 +1,6 @@
 """A job on a Ray cluster of several nodes, laid out as in a RayJob: the driver on a head node without
-CPUs, the actor and the vLLM engine each on a worker node of its own (tests/trainer/conftest.py RayNodes).
+CPUs, the actor, the reference and the vLLM engine each on a worker node of its own
+(tests/trainer/conftest.py RayNodes).
 
 Placement, the DeepSpeed and weight-sync rendezvous, weight sync and checkpoint writes all cross
 nodes here; a checkpoint directory that is each node's own disk is refused before any model loads, and
@@ -9,7 +10,10 @@ bundles no node can hold fail in time instead of waiting without end.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,7 +54,7 @@ class ActorNodes:
 
 
 def _job(toy_job, checkpoints: Path, **spec):
-    return toy_job(**{"checkpoint.path": str(checkpoints), "training.kl.coef": 0.0, **spec})
+    return toy_job(**{"checkpoint.path": str(checkpoints), **spec})
 
 
 def _metrics(checkpoints: Path) -> list[dict]:
@@ -58,30 +62,43 @@ def _metrics(checkpoints: Path) -> list[dict]:
 
 
 def test_a_job_trains_on_worker_nodes_and_resumes_from_their_shared_checkpoint(ray_nodes, toy_job, tmp_path):
-    """The actor and the engine each on a worker node, none on the driver's; weights synced across
-    nodes every step (vLLM's sampling log-probs stay the trainer's); the actor's shards, the state file,
-    final/ and best/ on the shared directory; a second run resumes from them."""
+    """The actor, the reference and the engine each on a worker node, none on the driver's; weights
+    synced across nodes every step (vLLM's sampling log-probs stay the trainer's); the actor's shards,
+    the state file, final/ and best/ on the shared directory; a second run resumes from them. And the
+    same job on one local node (`rlhf run`) reports the same reward, loss and KL at every step."""
     checkpoints = ray_nodes.shared / "grpo"
     evaluation = {"datasets": [{"name": "letters", "sources": [{"path": "tiny/prompts.jsonl"}], "labelKey": "label",
                                 "maxSamples": 16}],
                   "intervalSteps": 2, "temperature": 0.0, "bestMetric": "letters/mean_reward"}
-    job = _job(toy_job, checkpoints, **{"training.maxSteps": 2, "checkpoint.intervalSteps": 1, "evaluation": evaluation})
+    spec = {"training.maxSteps": 2, "checkpoint.intervalSteps": 1, "evaluation": evaluation}
     placed = ActorNodes()
+    job = _job(toy_job, checkpoints, **spec)
     assert run(job, output_dir=tmp_path / "out", reporters=[placed, JsonlWriter(checkpoints / "logs" / "metrics.jsonl")]) == 0
 
-    workers = set(ray_nodes.worker_nodes())
-    [actor], [engine] = placed.nodes["ModelWorker"], placed.nodes["RolloutEngine"]
-    assert {actor, engine} == workers  # one each, neither on the head
+    assert sorted(placed.nodes) == ["ModelWorker", "RolloutEngine"]
+    [engine] = placed.nodes["RolloutEngine"]
+    assert {*placed.nodes["ModelWorker"], engine} == set(ray_nodes.worker_nodes())  # actor, reference: a node each
     steps = _metrics(checkpoints)
     assert [m["step"] for m in steps] == [1, 2]
     # Step 2's rollout came from the weights step 1 trained, sent across nodes: vLLM and the trainer agree.
     assert steps[-1]["logprob_diff"] < 1e-3, steps[-1]
     newest = checkpoint.latest(checkpoints)
-    assert newest.name == "step-00000002" and list((newest / "actor").iterdir())  # the worker node's shards
+    assert newest.name == "step-00000002" and list((newest / "actor").iterdir())  # a worker node's shards
     assert (checkpoints / "final" / "model.safetensors").is_file()
     assert json.loads((checkpoints / "best" / checkpoint.BEST_FILE).read_text())["step"] == 2
 
-    job = _job(toy_job, checkpoints, **{"training.maxSteps": 3, "checkpoint.intervalSteps": 1, "evaluation": evaluation})
+    # One job, two places, one answer: the same file run on one local Ray node.
+    local = _job(toy_job, tmp_path / "local", **spec)
+    command = [sys.executable, "-m", "rlhf_operator.cli", "run", str(local), "--output-dir", str(tmp_path / "local")]
+    done = subprocess.run(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for there, here in zip(steps, _metrics(tmp_path / "local"), strict=True):
+        compared = {"reward_mean", "policy_loss", "kl", "eval/letters/mean_reward"} & there.keys()
+        assert {"reward_mean", "policy_loss", "kl"} <= compared, sorted(there)
+        for metric in compared:
+            assert here[metric] == pytest.approx(there[metric], rel=1e-5, abs=1e-7), (metric, here, there)
+
+    job = _job(toy_job, checkpoints, **{**spec, "training.maxSteps": 3})
     assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(checkpoints / "logs" / "metrics.jsonl")]) == 0
     assert [m["step"] for m in _metrics(checkpoints)] == [1, 2, 3]  # resumed after step 2
     assert checkpoint.latest(checkpoints).name == "step-00000003"
@@ -105,12 +122,12 @@ def test_a_checkpoint_directory_on_each_nodes_own_disk_is_refused_before_any_mod
 
 
 def test_bundles_no_node_can_hold_fail_in_time_saying_what_each_node_has(ray_nodes):
-    """Three one-CPU bundles on two one-CPU workers: not a wait without end, a PlacementTimeout that
+    """Four one-CPU bundles on three one-CPU workers: not a wait without end, a PlacementTimeout that
     lists each node's free CPUs and GPUs; the unplaceable group is removed."""
-    with pytest.raises(PlacementTimeout, match=r"the 3 bundles of \{'CPU': 1\} .* were not placed in 2s") as error:
-        create_placement_group(Placement(use_gpu=False, bundles=3, ranks={"actor": [0, 1, 2]}), timeout=2)
+    with pytest.raises(PlacementTimeout, match=r"the 4 bundles of \{'CPU': 1\} .* were not placed in 2s") as error:
+        create_placement_group(Placement(use_gpu=False, bundles=4, ranks={"actor": [0, 1, 2, 3]}), timeout=2)
     # Each node's free resources: the head has none, each worker one CPU (a group is placed whole or not at all).
-    assert str(error.value).count(": CPU 0, GPU 0") == 1 and str(error.value).count(": CPU 1, GPU 0") == 2
+    assert str(error.value).count(": CPU 0, GPU 0") == 1 and str(error.value).count(": CPU 1, GPU 0") == 3
     assert all(group["state"] == "REMOVED" for group in ray.util.placement_group_table().values())
 
 
