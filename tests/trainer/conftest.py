@@ -135,43 +135,58 @@ class RayNodes:
         context = ray.init(num_cpus=0, include_dashboard=False, _temp_dir=str(root / "ray"), log_to_driver=False)
         self.head = ray.get_runtime_context().get_node_id()
         self.address = context.address_info["gcs_address"]
-        self.workers: list[subprocess.Popen] = []
+        self.workers: dict[str, subprocess.Popen] = {}  # node id -> its `ray start`
+        self.started = 0
         # One at a time: nodes starting together in one session directory race for its socket names.
-        for index, cpus in enumerate(cpus_per_worker):
-            start = ["ray", "start", f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--block",
-                     "--disable-usage-stats"]
-            script = f"mount -t tmpfs tmpfs {shlex.quote(str(self.local))} && exec {shlex.join(start)}"
-            with open(root / f"worker-{index}.log", "wb") as log:
-                self.workers.append(subprocess.Popen(
-                    ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}))
-            wait_for(lambda: self._alive() and len(self.worker_nodes()) == len(self.workers), 120,
-                     f"worker node {index} to join the head")
+        for cpus in cpus_per_worker:
+            self.add_worker(cpus)
 
-    def _alive(self) -> bool:
-        for index, worker in enumerate(self.workers):
-            assert worker.poll() is None, (self.root / f"worker-{index}.log").read_text()[-3000:]
-        return True
+    def add_worker(self, cpus: int) -> str:
+        """Start a worker node (as KubeRay starts a worker pod) and return its node id once it has joined."""
+        start = ["ray", "start", f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--block",
+                 "--disable-usage-stats"]
+        script = f"mount -t tmpfs tmpfs {shlex.quote(str(self.local))} && exec {shlex.join(start)}"
+        log = self.root / f"worker-{self.started}.log"
+        self.started += 1
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+
+        def joined() -> set[str]:
+            assert process.poll() is None, log.read_text()[-3000:]
+            return set(self.worker_nodes()) - self.workers.keys()
+
+        [node] = wait_for(joined, 120, f"the worker node of {log} to join the head")
+        self.workers[node] = process
+        return node
 
     def worker_nodes(self) -> list[str]:
         import ray
 
         return [node["NodeID"] for node in ray.nodes() if node["Alive"] and node["NodeID"] != self.head]
 
+    def kill_worker(self, node: str) -> None:
+        """The node's processes killed at once, as a worker pod's are when its node is lost."""
+        process = self.workers.pop(node)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        wait_for(lambda: node not in self.worker_nodes(), 120, f"Ray to see node {node} dead")
+
     def stop(self) -> None:
         import ray
 
         ray.shutdown()
-        for worker in self.workers:
-            if worker.poll() is None:
-                os.killpg(worker.pid, signal.SIGTERM)
-        for worker in self.workers:
+        for process in self.workers.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.workers.values():
             try:
-                worker.wait(30)
+                process.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 @pytest.fixture(scope="module")

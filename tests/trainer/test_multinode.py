@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from e2e.fixtures import wait_for
 from rlhf_api import contract
 from rlhf_trainer import checkpoint
 from rlhf_trainer.reporting import JsonlWriter
@@ -143,3 +144,38 @@ def test_a_rendezvous_port_is_held_from_the_moment_it_is_handed_out(ray_nodes, o
         join_store(address, port, 2, timedelta(seconds=30)).set("joined", "yes")
     finally:
         ray.kill(worker)
+
+
+def test_a_lost_worker_node_fails_the_run_and_the_next_resumes_from_the_shared_checkpoint(ray_nodes, toy_job, tmp_path):
+    """A worker node killed mid-run (as a worker pod whose node is lost): the run fails saying where it
+    will resume; with a new worker node in its place (KubeRay's retry), running the job again resumes
+    from the newest checkpoint on the shared directory, losing less than one checkpoint interval."""
+    from tests.trainer.run_probes import newest
+
+    checkpoints, interval = ray_nodes.shared / "lost", 2
+    job = _job(toy_job, checkpoints, **{"training.maxSteps": 12, "checkpoint.intervalSteps": interval})
+    command = [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(tmp_path / "out"),
+               "--address", ray_nodes.address]
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, stdout=log,
+                                 stderr=subprocess.STDOUT)
+
+    def saved() -> int | None:
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        return newest(checkpoints)
+
+    wait_for(saved, 300, "the run's first checkpoint")
+    alive = [actor for actor in ray._private.state.actors().values()  # noqa: SLF001 - the GCS's actor table
+             if actor["State"] == "ALIVE" and actor["ActorClassName"] == "ModelWorker"]
+    ray_nodes.kill_worker(alive[0]["Address"]["NodeID"])
+    assert first.wait(300) == EXIT_FAILED
+    [failure] = [line for line in (tmp_path / "first.log").read_text().splitlines() if contract.RUN_FAILED in line]
+    step = newest(checkpoints)
+    assert f"its newest checkpoint is {checkpoint.step_dir(checkpoints, step)}: running the job again resumes" in failure
+    lost = [m["step"] for m in _metrics(checkpoints) if m["step"] > step]
+    assert len(lost) < interval, lost
+
+    ray_nodes.add_worker(1)
+    assert run(job, output_dir=tmp_path / "out") == 0
+    steps = [m["step"] for m in _metrics(checkpoints)]
+    assert steps == [*range(1, step + 1), *lost, *range(step + 1, 13)]  # the lost steps again, then the rest
