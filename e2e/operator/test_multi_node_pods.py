@@ -14,6 +14,7 @@ import pytest
 
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_phase
+from e2e.operator.test_security import ROLES, pods
 from e2e.storage import local_claim
 from rlhf_api import contract
 from rlhf_operator import names
@@ -61,18 +62,13 @@ def test_claims_every_pod_can_mount_get_their_ray_job(kube, kube_api, namespace,
     assert get_job(kube, namespace, "shared").get("status", {}).get("phase") != "Failed"
 
 
-def pods(kube, namespace: str, job: str, role: str) -> list[dict]:
-    return kube._request("GET", f"/api/v1/namespaces/{namespace}/pods",
-                         query=[("labelSelector", f"rlhf.dev/job={job},rlhf.dev/role={role}")])["items"]
-
-
 def test_kuberay_s_pods_run_as_the_image_user_and_only_the_head_holds_a_token(
         kube, namespace, kuberay_operator, operator):
     operator.start()
     create_job(kube, namespace, rlhf_job("pods"))
     # KubeRay creates the head and the worker; once kwok reports them running, the submitter Job's pod.
     made = {role: wait_for(lambda r=role: pods(kube, namespace, "pods", r), 180, f"the {role} pod")[0]["spec"]
-            for role in ("head", "worker", "submitter")}
+            for role in ROLES}
     for role, pod in made.items():
         security = pod["securityContext"]
         assert (security["runAsUser"], security["runAsGroup"], security["fsGroup"]) == (contract.TRAINER_UID,) * 3, role
