@@ -167,26 +167,22 @@ class RayNodes:
 
         return [node["NodeID"] for node in ray.nodes() if node["Alive"] and node["NodeID"] != self.head]
 
-    def kill_worker(self, node: str) -> None:
-        """The node's processes killed at once, as a worker pod's are when its node is lost."""
+    def kill_worker(self, node: str, wait: bool = True) -> None:
+        """The node's processes killed at once, as a worker pod's are when its node is lost; `wait` until
+        the head has seen it go."""
         process = self.workers.pop(node)
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        wait_for(lambda: node not in self.worker_nodes(), 120, f"Ray to see node {node} dead")
+        if wait:
+            wait_for(lambda: node not in self.worker_nodes(), 120, f"Ray to see node {node} dead")
 
     def stop(self) -> None:
+        """Disconnect, then kill every worker node outright (`ray start` waits out a slow shutdown on SIGTERM)."""
         import ray
 
         ray.shutdown()
-        for process in self.workers.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.workers.values():
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        for node in list(self.workers):
+            self.kill_worker(node, wait=False)
 
 
 @pytest.fixture(scope="module")
