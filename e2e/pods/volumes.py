@@ -6,7 +6,10 @@ and the shell lines that mount them inside the pod's private mount namespace.
   `hostPath` directory is on this machine (e2e/storage.py), else VolumeNotReady (a real pod stays
   Pending); a missing subPath directory is created in the volume, as the kubelet does;
 - emptyDir volumes: a fresh directory per pod, with a tmpfs of the sizeLimit for medium Memory;
-- the ServiceAccount token the kubelet projects: a real TokenRequest, with the cluster CA.
+- projected volumes (the `kube-api-access-*` volume the ServiceAccount admission adds to a pod
+  that automounts its token): serviceAccountToken (a real TokenRequest), configMap, secret and
+  downwardAPI fieldRef sources;
+- for HeadPod, which plays a template no admission saw: the same token, with the cluster CA.
 
 File modes and `optional` references are not played; other volume types raise NotImplementedError.
 """
@@ -66,13 +69,16 @@ def data(core: Any, namespace: str, kind: str, name: str) -> dict[str, str]:
     return core.read_namespaced_config_map(name, namespace).data or {}
 
 
-def make_volumes(core: Any, namespace: str, pod_spec: dict[str, Any], root: Path) -> dict[str, Volume]:
-    """Every volume of the pod, made under root/volumes; a claim that is not Bound raises VolumeNotReady."""
-    return {volume["name"]: _volume(core, namespace, volume, root / "volumes" / volume["name"])
+def make_volumes(core: Any, namespace: str, pod_spec: dict[str, Any], root: Path,
+                 fields: dict[str, str] | None = None) -> dict[str, Volume]:
+    """Every volume of the pod, made under root/volumes; a claim that is not Bound raises VolumeNotReady.
+
+    fields: the pod's fieldRef values, for downwardAPI sources."""
+    return {volume["name"]: _volume(core, namespace, volume, root / "volumes" / volume["name"], fields or {})
             for volume in pod_spec.get("volumes", [])}
 
 
-def _volume(core: Any, namespace: str, volume: dict[str, Any], directory: Path) -> Volume:
+def _volume(core: Any, namespace: str, volume: dict[str, Any], directory: Path, fields: dict[str, str]) -> Volume:
     if "persistentVolumeClaim" in volume:
         claim = volume["persistentVolumeClaim"]
         return Volume(claim_directory(core, namespace, claim["claimName"]), claim.get("readOnly", False))
@@ -84,16 +90,41 @@ def _volume(core: Any, namespace: str, volume: dict[str, Any], directory: Path) 
         size = empty_dir.get("sizeLimit")
         return Volume(directory, tmpfs="mode=1777" + (f",size={int(parse_quantity(size))}" if size else ""))
     if "configMap" in volume or "secret" in volume:
-        kind, source = ("ConfigMap", volume["configMap"]) if "configMap" in volume else ("Secret", volume["secret"])
-        keys = data(core, namespace, kind, source.get("name") or source["secretName"])
         directory.mkdir(parents=True)
-        for item in source.get("items") or [{"key": key, "path": key} for key in keys]:
-            path = sub_path(directory, item["path"])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(keys[item["key"]])
+        _data_files(core, namespace, volume, directory)
+        return Volume(directory, read_only=True)
+    if "projected" in volume:
+        directory.mkdir(parents=True)
+        for source in volume["projected"]["sources"]:
+            if "serviceAccountToken" in source:
+                token = source["serviceAccountToken"]
+                request = {"spec": {"expirationSeconds": token.get("expirationSeconds", 3600),
+                                    **({"audiences": [token["audience"]]} if token.get("audience") else {})}}
+                account = fields.get("spec.serviceAccountName", "default")
+                _write(directory, token["path"],
+                       core.create_namespaced_service_account_token(account, namespace, request).status.token)
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"]["items"]:
+                    _write(directory, item["path"], fields[item["fieldRef"]["fieldPath"]])
+            else:
+                _data_files(core, namespace, source, directory)
         return Volume(directory, read_only=True)
     raise NotImplementedError(f"volume {volume['name']}: this pod runtime plays configMap, secret, "
                               "persistentVolumeClaim and emptyDir volumes only")
+
+
+def _data_files(core: Any, namespace: str, source: dict[str, Any], directory: Path) -> None:
+    """A ConfigMap's or Secret's keys (or its `items`) written out as files."""
+    kind, ref = ("ConfigMap", source["configMap"]) if "configMap" in source else ("Secret", source["secret"])
+    keys = data(core, namespace, kind, ref.get("name") or ref["secretName"])
+    for item in ref.get("items") or [{"key": key, "path": key} for key in keys]:
+        _write(directory, item["path"], keys[item["key"]])
+
+
+def _write(directory: Path, relative: str, text: str) -> None:
+    path = sub_path(directory, relative)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def service_account_token(core: Any, namespace: str, account: str, ca: Path, target: Path) -> Path:
