@@ -6,6 +6,8 @@
 - ``kwok_nodes`` (session): starts kwok on that control plane and creates the fake GPU/CPU
   nodes of e2e/kwok/nodes.yaml; returns their names.
 - ``kuberay_operator`` (session): starts the real KubeRay operator (and kwok, so its pods run).
+- ``pod_runtime`` (session): the kubelet of a Node this machine plays (e2e/pods/kubelet.py), with
+  KubeRay running: the pods that select and tolerate it run for real (head, workers, submitter).
 - ``kueue`` (module): starts Kueue (with KubeRay and kwok) for one test module, stops it after.
 - ``kueue_queues``: make(gpus) creates ResourceFlavors over the kwok nodes, a ClusterQueue with
   that GPU quota and a LocalQueue in the test's namespace; returns the LocalQueue's name.
@@ -83,6 +85,19 @@ def kwok_nodes(control_plane: ControlPlane) -> list[str]:
 def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> ControlPlane:
     control_plane.start_kuberay()
     return control_plane
+
+
+@pytest.fixture(scope="session")
+def pod_runtime(kuberay_operator: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from e2e.pods.kubelet import Kubelet
+
+    cp = kuberay_operator
+    kubelet = Kubelet(cp.api_client(), cp.ports["kube-apiserver"], cp.pki / "ca.crt",
+                      tmp_path_factory.mktemp("kubelet"), cp.hosts_file).start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
 
 
 @pytest.fixture(scope="module")

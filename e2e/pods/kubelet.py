@@ -223,10 +223,10 @@ class Pod:
                 self.deleting.wait(2)
         else:
             return None
-        fs_group = (self.spec.get("securityContext") or {}).get("fsGroup")
-        if fs_group is not None:
+        security = self.spec.get("securityContext") or {}
+        if security.get("fsGroup") is not None:
             for volume in made.values():
-                users.own_volume(volume.path, fs_group)
+                users.own_volume(volume.path, security["fsGroup"], security.get("fsGroupChangePolicy", "Always"))
         return made
 
     def _launch(self, container: dict[str, Any], made: dict[str, volumes.Volume]):

@@ -36,8 +36,12 @@ def identity(pod_spec: dict[str, Any], container: dict[str, Any]) -> Identity:
     return Identity(uid, gid, groups, fs_group)
 
 
-def own_volume(path: Path, fs_group: int) -> None:
-    """What the kubelet's SetVolumeOwnership does: group fs_group, group-writable, setgid directories."""
+def own_volume(path: Path, fs_group: int, policy: str = "Always") -> None:
+    """What the kubelet's SetVolumeOwnership does: group fs_group, group-writable, setgid directories.
+    policy OnRootMismatch: nothing when the volume's root already is so."""
+    root = path.stat()
+    if policy == "OnRootMismatch" and root.st_gid == fs_group and root.st_mode & 0o2070 == 0o2070:
+        return
     for directory, dirs, files in os.walk(path):
         for name in [directory, *(os.path.join(directory, f) for f in files)]:
             mode = os.lstat(name).st_mode
