@@ -147,6 +147,10 @@ class Kubelet:
             self._hosts(namespace).update(
                 {p.name: p.ip for p in self.pods.values() if p.namespace == namespace and p.ip},
                 self.discovery.list_namespaced_endpoint_slice(namespace).items)
+        self.network.names = {
+            f"kubernetes.default.svc.{network.CLUSTER_DOMAIN}": network.KUBERNETES_SERVICE[0],
+            **{network.service_names(service, f.namespace)[0]: address
+               for f in self.hosts.values() for service, address in f.services.items()}}
         if self.cluster_hosts is not None:
             self.cluster_text = network.write_in_place(
                 self.cluster_hosts, network.cluster_hosts(self.base_hosts, list(self.hosts.values())), self.cluster_text)
@@ -233,9 +237,11 @@ class Pod:
         who = users.identity(self.spec, container)
         home = users.home(self.root, who)
         hosts = self.kubelet._hosts(self.namespace).path
+        resolv = self.root / "resolv.conf"
+        resolv.write_text(network.resolv_conf(self.namespace))
         mounts = [mount._replace(target=processes.tmp_target(self.root, mount.target))
                   for mount in volumes.container_mounts(container, made, None)]
-        script = (processes.image_script(self.root, hosts, home) + volumes.bind_script(mounts, volumes.memory_tmpfs(made))
+        script = (processes.image_script(self.root, hosts, resolv, home) + volumes.bind_script(mounts, volumes.memory_tmpfs(made))
                   + processes.tmp_script(self.root))
         env = processes.resolve_env(
             container, processes.pod_fields(self.pod, self.ip, network.GATEWAY),

@@ -4,14 +4,18 @@ Every pod gets its own loopback and an address on the bridge's subnet, so it bin
 ports (6379, 8265, 8080, 52365 ...) as a real pod does, and the pods, KubeRay and the API server
 (all on this machine's side of the bridge) reach each other at pod IPs.
 
-There is no kube-proxy and no cluster DNS:
+There is no kube-proxy:
 - the `kubernetes` Service's ClusterIP (10.96.0.1:443, already in the API server's certificate) is
   an address of the bridge, where a forwarder passes connections to the API server on loopback,
-  so in-cluster config works as the kubelet sets it up (KUBERNETES_SERVICE_HOST/PORT);
-- names resolve from a hosts file per namespace, bind-mounted over each pod's /etc/hosts and
-  rewritten in place (a bind mount keeps the inode): each Service's names map to the pod IPs of
-  its EndpointSlices (a headless Service's answer; KubeRay's head Service is headless), and
-  each pod's name to its IP (its hostname, as the kubelet's hosts file has it).
+  so in-cluster config works as the kubelet sets it up (KUBERNETES_SERVICE_HOST/PORT).
+
+Cluster DNS is a small DNS server on the bridge (port 53, A records only), named in each pod's
+/etc/resolv.conf with the cluster's search path: a Service's name resolves to the pod IP of its
+EndpointSlices (a headless Service's answer; KubeRay's head Service is headless), anything else is
+NXDOMAIN (no upstream: the pods are offline). A hosts file per namespace, bind-mounted over the pods'
+/etc/hosts and rewritten in place (a bind mount keeps the inode), maps each pod's name to its IP (its
+hostname, as the kubelet's hosts file has it), and the Services' names too. gRPC's resolver (Ray's GCS client) asks DNS and
+ignores /etc/hosts, so names in a hosts file alone would not do.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ class PodNetwork:
         self.free = [str(address) for address in list(SUBNET.hosts())[1:]]
         self.lock = threading.Lock()
         self.listener: socket.socket | None = None
+        self.dns: socket.socket | None = None
+        self.names: dict[str, str] = {}
+
+    def resolve(self, name: str) -> str | None:
+        """The cluster DNS answer (set by the kubelet: fully qualified Service name -> IP)."""
+        return self.names.get(name.rstrip(".").lower())
 
     def up(self) -> PodNetwork:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)  # a crashed run's bridge
@@ -52,11 +62,15 @@ class PodNetwork:
         ip("link", "set", BRIDGE, "up")
         self.listener = socket.create_server(KUBERNETES_SERVICE, reuse_port=False)
         threading.Thread(target=self._accept, daemon=True, name="kubernetes-service").start()
+        self.dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.dns.bind((GATEWAY, 53))
+        threading.Thread(target=self._answer, daemon=True, name="cluster-dns").start()
         return self
 
     def down(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
+        for sock in (self.listener, self.dns):
+            if sock is not None:
+                sock.close()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
     def attach(self, name: str) -> str:
@@ -96,6 +110,43 @@ class PodNetwork:
             server.settimeout(None)
             for source, target in ((client, server), (server, client)):
                 threading.Thread(target=_pump, args=(source, target), daemon=True).start()
+
+
+    def _answer(self) -> None:
+        while True:
+            try:
+                query, client = self.dns.recvfrom(512)
+                self.dns.sendto(dns_answer(query, self.resolve), client)
+            except OSError:
+                return  # closed by down()
+            except (IndexError, ValueError):
+                continue  # not a query we can read
+
+
+def dns_answer(query: bytes, resolve) -> bytes:
+    """The reply to a one-question DNS query: an A record for a known name (NOERROR without one for other
+    types of a known name), else NXDOMAIN."""
+    labels, at = [], 12
+    while query[at]:
+        labels.append(query[at + 1:at + 1 + query[at]].decode())
+        at += 1 + query[at]
+    qtype = int.from_bytes(query[at + 1:at + 3], "big")
+    question = query[12:at + 5]
+    address = resolve(".".join(labels))
+    answers = b""
+    if address and qtype == 1:
+        answers = b"\xc0\x0c" + (1).to_bytes(2, "big") + (1).to_bytes(2, "big") + (5).to_bytes(4, "big") \
+            + (4).to_bytes(2, "big") + socket.inet_aton(address)
+    flags = 0x8180 if address else 0x8183  # a response, recursion desired and available; rcode 3: NXDOMAIN
+    header = query[:2] + flags.to_bytes(2, "big") + (1).to_bytes(2, "big") + (1 if answers else 0).to_bytes(2, "big") \
+        + bytes(4)
+    return header + question + answers
+
+
+def resolv_conf(namespace: str) -> str:
+    """A pod's /etc/resolv.conf, as the kubelet writes it for dnsPolicy ClusterFirst."""
+    return (f"nameserver {GATEWAY}\nsearch {namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
+            "options ndots:5\n")
 
 
 def _pump(source: socket.socket, target: socket.socket) -> None:

@@ -6,7 +6,7 @@ The image is this machine's filesystem with the project's virtualenv in place of
   (scripts' shebangs name them): uid 1000 can read them, and nothing else of root's home is seen;
 - /etc/profile is the image's (Ubuntu's leaves PATH alone; this machine's Debian one resets it,
   and KubeRay runs every command in `bash -l`);
-- /etc/hosts is the namespace's hosts file (network.py), /tmp the pod's own, HOME the user's;
+- /etc/hosts and /etc/resolv.conf are the pod network's (network.py), /tmp the pod's own, HOME the user's;
 - then the pod's volumes (volumes.bind_script), and the command runs as the pod's user (setpriv).
 
 Each container is the leader of its own session: stopped by process group, never by `ray stop`.
@@ -80,7 +80,7 @@ def pod_fields(pod: dict[str, Any], pod_ip: str, host_ip: str) -> dict[str, str]
     return fields
 
 
-def image_script(root: Path, hosts: Path, home: Path) -> str:
+def image_script(root: Path, hosts: Path, resolv: Path, home: Path) -> str:
     """Shell lines (run as root in the new mount namespace) that lay out the image around the pod."""
     profile = root / "profile"
     profile.write_text(IMAGE_PROFILE)
@@ -94,6 +94,7 @@ def image_script(root: Path, hosts: Path, home: Path) -> str:
             inside = q(str(stage / path.relative_to("/root")))
             lines += [f"mkdir -p {inside}", f"mount --bind {q(str(path))} {inside}"]
     lines += [f"mount --move {q(str(stage))} /root",f"mount --bind {q(str(profile))} /etc/profile", f"mount --bind {q(str(hosts))} /etc/hosts",
+              f"mount --bind {q(str(resolv))} /etc/resolv.conf",
               "mountpoint -q /home || mount -t tmpfs -o mode=755 tmpfs /home", f"mkdir -p {IMAGE_HOME}",
               f"mount --bind {q(str(home))} {IMAGE_HOME}"]
     return "".join(line + "\n" for line in lines)
