@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from e2e.fixtures import wait_for
-from e2e.operator.jobs import wait_phase
+from e2e.operator.jobs import get_job
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.kubelet import NODE_LABEL
 
@@ -128,7 +128,9 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     assert all(pod.spec.node_name == pod_runtime.node for pods in seen.values() for pod in pods)
 
     try:
-        job = wait_phase(kube, namespace, "multipod", "Succeeded", timeout=1200)
+        job = wait_for(lambda: (j := get_job(kube, namespace, "multipod")).get("status", {}).get("phase")
+                       in ("Succeeded", "Failed") and j, 1200, "the job to end")
+        assert job["status"]["phase"] == "Succeeded", job["status"]
     finally:
         ray_state.done.set()
         print(f"pod runtime: {time.monotonic() - started:.0f}s to Succeeded or failure; peak RSS per pod (MiB): "

@@ -100,18 +100,18 @@ class Kubelet:
 
     def _heartbeats(self) -> None:
         leases = client.CoordinationV1Api(self.api)
-        lease = {"metadata": {"name": self.node}, "spec": {
-            "holderIdentity": self.node, "leaseDurationSeconds": LEASE_SECONDS}}
-        while not self.stopping.wait(0 if "renewTime" not in lease["spec"] else 10):
-            lease["spec"]["renewTime"] = now(micro=True)
+        beat = 0.0
+        while not self.stopping.wait(beat):
+            beat = 10
+            lease = {"metadata": {"name": self.node}, "spec": {
+                "holderIdentity": self.node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now(micro=True)}}
             try:
                 try:
-                    leases.replace_namespaced_lease(self.node, "kube-node-lease", lease)
+                    leases.patch_namespaced_lease(self.node, "kube-node-lease", lease)
                 except ApiException as error:
                     if error.status != 404:
                         raise
                     leases.create_namespaced_lease("kube-node-lease", lease)
-                lease["metadata"].pop("resourceVersion", None)
                 self.core.patch_node_status(self.node, {"status": {"conditions": [self._ready()]}})
             except Exception as error:  # noqa: BLE001 - the API server may be restarting; beat again
                 self.errors.append(f"heartbeat: {error}")
@@ -239,6 +239,7 @@ class Pod:
         hosts = self.kubelet._hosts(self.namespace).path
         resolv = self.root / "resolv.conf"
         resolv.write_text(network.resolv_conf(self.namespace))
+        volumes.make_sub_paths(container, made)
         mounts = [mount._replace(target=processes.tmp_target(self.root, mount.target))
                   for mount in volumes.container_mounts(container, made, None)]
         script = (processes.image_script(self.root, hosts, resolv, home) + volumes.bind_script(mounts, volumes.memory_tmpfs(made))
@@ -250,7 +251,8 @@ class Pod:
              "KUBERNETES_SERVICE_PORT": str(network.KUBERNETES_SERVICE[1])})
         argv = [processes.expand(word, env) for word in [*container.get("command", []), *container.get("args", [])]]
         with open(self.log, "a") as log:
-            log.write(f"--- {container['name']} as {who.uid}:{who.gid} {who.groups}: {argv}\n")
+            log.write(f"--- {container['name']} as {who.uid}:{who.gid} {who.groups} (pod securityContext "
+                      f"{self.spec.get('securityContext')}): {argv}\n")
         process = processes.launch(self.netns, self.name, script, who, argv,
                                    container.get("workingDir", processes.IMAGE_HOME), env, self.log)
         return process, who, env

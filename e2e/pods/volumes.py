@@ -148,5 +148,16 @@ def container_mounts(container: dict[str, Any], volumes: dict[str, Volume], toke
     return sorted(mounts, key=lambda m: m.target.count("/"))
 
 
+def make_sub_paths(container: dict[str, Any], volumes: dict[str, Volume]) -> None:
+    """Create the container's missing subPath directories as the kubelet does before it starts the container:
+    with the volume root's mode (after fsGroup: group-writable, setgid, so the group is inherited too)."""
+    for mount in container.get("volumeMounts", []):
+        root = volumes[mount["name"]].path
+        path = sub_path(root, mount.get("subPath", ""))
+        if not path.exists():
+            path.mkdir(parents=True)
+            path.chmod(root.stat().st_mode & 0o7777)
+
+
 def memory_tmpfs(volumes: dict[str, Volume]) -> list[tuple[Path, str]]:
     return [(volume.path, volume.tmpfs) for volume in volumes.values() if volume.tmpfs]
