@@ -25,8 +25,9 @@ from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.kubelet import NODE_LABEL
+from tests.trainer.run_probes import newest
 
-STEPS = 2
+STEPS, INTERVAL = 2, 2
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in every pod, on the shared claim
 MODEL_ACTORS = {"ModelWorker", "RolloutEngine"}  # the model groups' ranks and the vLLM engine
 
@@ -90,26 +91,48 @@ class RayState:
                 continue
 
 
-@pytest.mark.timeout(1500)
-def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
-        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
-    core = kube_api.core
+def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
+              **spec) -> Path:
+    """The tiny GRPO job on a head and two CPU worker pods of the runtime's node: the model and the
+    checkpoints on claims every pod mounts; returns the checkpoint volume's directory."""
     models = shared_claim(core, namespace, "models", tmp_path / "models-volume")
     shutil.copytree(tiny_model, models / "tiny")
     checkpoints = shared_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
-    operator.start()
-    job_file = tiny_job(tmp_path, "multipod", reward_config_map(control_plane, namespace),
-                        actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=STEPS,
-                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": 2, "keep": 1})
+    job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
+                        actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
+                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": INTERVAL, "keep": 2})
     manifest = yaml.safe_load(job_file.read_text())
     manifest["spec"]["resources"] = {
         "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
         "shmSize": "1Gi", "nodeSelector": {NODE_LABEL: "true"},
         "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}
+    manifest["spec"].update(spec)
     job_file.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
+    return checkpoints
+
+
+def wait_end(kube, namespace: str, name: str, pod_runtime, started: float) -> dict:
+    """The job once Succeeded or Failed; prints the runtime's figures and the pods' logs either way."""
+    try:
+        return wait_for(lambda: (j := get_job(kube, namespace, name)).get("status", {}).get("phase")
+                        in ("Succeeded", "Failed") and j, 1200, f"job {name} to end")
+    finally:
+        print(f"\npod runtime: {time.monotonic() - started:.0f}s from apply to the job's end; peak RSS per pod (MiB): "
+              f"{ {pod: rss >> 20 for pod, rss in pod_runtime.peak_rss.items() if pod.startswith(name)} }; "
+              f"errors: {pod_runtime.errors}")
+        for log in sorted((pod_runtime.root / "pods").glob("*/container.log")):
+            print(f"--- {log}\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.timeout(1500)
+def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+    core = kube_api.core
+    operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
+    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS)
 
     # Every pod KubeRay and the Job controller create runs here: head, two workers, the submitter.
     def pods_by_kind() -> dict[str, list]:
@@ -127,16 +150,9 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     assert len(set().union(*ips.values())) == 4  # each pod its own IP
     assert all(pod.spec.node_name == pod_runtime.node for pods in seen.values() for pod in pods)
 
-    try:
-        job = wait_for(lambda: (j := get_job(kube, namespace, "multipod")).get("status", {}).get("phase")
-                       in ("Succeeded", "Failed") and j, 1200, "the job to end")
-        assert job["status"]["phase"] == "Succeeded", job["status"]
-    finally:
-        ray_state.done.set()
-        print(f"pod runtime: {time.monotonic() - started:.0f}s to Succeeded or failure; peak RSS per pod (MiB): "
-              f"{ {name: rss >> 20 for name, rss in pod_runtime.peak_rss.items()} }; errors: {pod_runtime.errors}")
-        for log in sorted((pod_runtime.root / "pods").glob("*/container.log")):
-            print(f"--- {log}\n{log.read_text()[-3000:]}")
+    job = wait_end(kube, namespace, "multipod", pod_runtime, started)
+    ray_state.done.set()
+    assert job["status"]["phase"] == "Succeeded", job["status"]
     status = job["status"]
     assert status["progress"]["step"] == STEPS
     assert 0.0 <= status["metrics"]["rewardMean"] <= 1.0
@@ -154,3 +170,48 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     assert set().union(*placed.values()) <= ips["worker"], (placed, ips)
     # The checkpoint every pod wrote to is on the one shared claim.
     assert (checkpoints / "multipod" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    path = run_dir / "logs" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(1500)
+def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+    """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
+    fails, KubeRay retries on a new cluster and the run resumes from the checkpoint on the shared claim."""
+    core, steps = kube_api.core, 6
+    operator.start()
+    started = time.monotonic()
+    ray_state = RayState(core, namespace)
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, backoffLimit=1) \
+        / "podkill"
+
+    def past_a_checkpoint() -> str | None:
+        """The IP of a worker pod holding a ModelWorker, once a step after the newest checkpoint is logged."""
+        saved = newest(run_dir)
+        if saved is None or max(steps_logged(run_dir), default=0) <= saved:
+            return None
+        return next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"), None)
+
+    victim_ip = wait_for(past_a_checkpoint, 900, "a step logged past a checkpoint")
+    victim = next(pod for pod in core.list_namespaced_pod(namespace, label_selector="ray.io/node-type=worker").items
+                  if pod.status.pod_ip == victim_ip)
+    pod_runtime.kill(namespace, victim.metadata.name)
+    rayjob_name = get_job(kube, namespace, "podkill")["status"]["rayJobName"]
+    wait_for(lambda: (kube.get("RayJob", namespace, rayjob_name).get("status") or {}).get("failed") == 1, 300,
+             "KubeRay to count the failed attempt")
+    saved, logged = newest(run_dir), steps_logged(run_dir)
+
+    job = wait_end(kube, namespace, "podkill", pod_runtime, started)
+    ray_state.done.set()
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert saved < steps and max(logged) - saved <= INTERVAL, (saved, logged)  # at most one interval lost
+    assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
+    ray_status = kube.get("RayJob", namespace, rayjob_name)["status"]
+    assert (ray_status["failed"], ray_status["succeeded"]) == (1, 1)
+    assert job["status"]["progress"]["step"] == steps and job["status"]["lastCheckpoint"]["step"] == steps
+    print(f"pod runtime retry: worker pod {victim.metadata.name} killed after step {max(logged)} of {steps}; "
+          f"attempt 2 resumed from step {saved}")

@@ -17,6 +17,7 @@ memory as KubeRay writes them into `ray start`), liveness probes, sidecar and mu
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import time
 import urllib.request
@@ -65,8 +66,11 @@ class Kubelet:
 
     def stop(self) -> None:
         self.stopping.set()
-        for pod in list(self.pods.values()):
+        pods = list(self.pods.values())
+        for pod in pods:
             pod.kill()
+        for pod in pods:  # each lets its network namespace and API object go
+            pod.thread.join(30)
         try:
             self.core.delete_node(self.node)
         except ApiException:
@@ -74,6 +78,11 @@ class Kubelet:
         self.network.down()
         if self.cluster_hosts is not None:
             network.write_in_place(self.cluster_hosts, self.base_hosts)
+
+    def kill(self, namespace: str, name: str) -> None:
+        """SIGKILL a pod's container, as an OOM kill or a crash would: the kubelet restarts it per restartPolicy."""
+        pod = next(p for p in self.pods.values() if (p.namespace, p.name) == (namespace, name))
+        processes.kill_group(pod.process.pid, signal.SIGKILL)
 
     # ------------------------------------------------------------------------------------ the Node
 
@@ -139,10 +148,10 @@ class Kubelet:
                 self.pods[uid].delete()
         for uid in set(self.pods) - seen:  # deleted without us (force-deleted)
             self.pods.pop(uid).kill()
+        rss = processes.rss_by_session()
         for pod in self.pods.values():
             if pod.process is not None:
-                rss = processes.session_rss(pod.process.pid)
-                self.peak_rss[pod.name] = max(rss, self.peak_rss.get(pod.name, 0))
+                self.peak_rss[pod.name] = max(rss.get(pod.process.pid, 0), self.peak_rss.get(pod.name, 0))
         for namespace in {pod.namespace for pod in self.pods.values()}:
             self._hosts(namespace).update(
                 {p.name: p.ip for p in self.pods.values() if p.namespace == namespace and p.ip},
@@ -175,9 +184,10 @@ class Pod:
         self.log = self.root / "container.log"
         self.restarts = 0
         self.started_at = now()
+        self.thread = threading.Thread(target=self._live, daemon=True, name=f"pod-{self.name}")
 
     def start(self) -> Pod:
-        threading.Thread(target=self._live, daemon=True, name=f"pod-{self.name}").start()
+        self.thread.start()
         return self
 
     def delete(self) -> None:

@@ -150,27 +150,27 @@ def exec_in(pid: int, who: Identity, argv: list[str], env: dict[str, str], timeo
 def stop(process: subprocess.Popen, grace: float = 10) -> None:
     """SIGTERM to the container's process group, SIGKILL after the grace period."""
     if process.poll() is not None:
-        _kill_group(process.pid, signal.SIGKILL)  # what it left behind
+        kill_group(process.pid, signal.SIGKILL)  # what it left behind
         return
-    _kill_group(process.pid, signal.SIGTERM)
+    kill_group(process.pid, signal.SIGTERM)
     try:
         process.wait(grace)
     except subprocess.TimeoutExpired:
         pass
-    _kill_group(process.pid, signal.SIGKILL)
+    kill_group(process.pid, signal.SIGKILL)
     process.wait(10)
 
 
-def _kill_group(pgid: int, sig: int) -> None:
+def kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
 
 
-def session_rss(sid: int) -> int:
-    """Resident bytes of every process of the session (the container's process tree)."""
-    total = 0
+def rss_by_session() -> dict[int, int]:
+    """Resident bytes of every session on this machine (a container is one: its process tree), in one pass."""
+    totals: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -178,7 +178,6 @@ def session_rss(sid: int) -> int:
             stat = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(stat[3]) == sid:  # field 6, session id
-            total += int(stat[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24, rss in pages
-    return total
-
+        session = int(stat[3])  # field 6; rss in pages is field 24
+        totals[session] = totals.get(session, 0) + int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+    return totals
