@@ -16,6 +16,7 @@ memory as KubeRay writes them into `ray start`), liveness probes, sidecar and mu
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
@@ -82,7 +83,7 @@ class Kubelet:
     def kill(self, namespace: str, name: str) -> None:
         """SIGKILL a pod's container, as an OOM kill or a crash would: the kubelet restarts it per restartPolicy."""
         pod = next(p for p in self.pods.values() if (p.namespace, p.name) == (namespace, name))
-        processes.kill_group(pod.process.pid, signal.SIGKILL)
+        pod.sweep()
 
     # ------------------------------------------------------------------------------------ the Node
 
@@ -198,6 +199,14 @@ class Pod:
         if self.process is not None:
             processes.stop(self.process, grace=5)
 
+    def sweep(self) -> None:
+        """SIGKILL every process of the pod, also those its container moved to sessions of their own."""
+        for pid in network.PodNetwork.pids(self.netns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     # ------------------------------------------------------------------------------------ its life
 
     def _live(self) -> None:
@@ -214,6 +223,7 @@ class Pod:
         finally:
             if self.process is not None:
                 processes.stop(self.process, grace=5)
+            self.sweep()
             self.deleting.wait()  # a finished pod stays until it is deleted
             self.kubelet.network.detach(self.netns, self.ip)
             try:

@@ -90,6 +90,12 @@ class PodNetwork:
         ip("route", "add", "default", "via", GATEWAY, netns=name)
         return address
 
+    @staticmethod
+    def pids(name: str) -> list[int]:
+        """Every process in the network namespace: all a pod's containers ran, whatever sessions they made."""
+        out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
     def detach(self, name: str, address: str) -> None:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)  # its veth pair goes with it
         with self.lock:
