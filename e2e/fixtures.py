@@ -166,8 +166,9 @@ def kube_api(control_plane: ControlPlane) -> Iterator[KubeAPI]:
         api_client.close()
 
 
-def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
-    """Poll cond() until it returns something truthy; return that value."""
+def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1, max_interval: float = 1.0):
+    """Poll cond() until it returns something truthy; return that value. The polling interval grows from
+    interval to max_interval."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -175,7 +176,7 @@ def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: flo
         if last:
             return last
         time.sleep(interval)
-        interval = min(interval * 1.5, 1.0)
+        interval = min(interval * 1.5, max_interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 

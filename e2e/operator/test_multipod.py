@@ -92,7 +92,7 @@ class RayState:
 
 
 def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
-              **spec) -> Path:
+              interval: int = INTERVAL, **spec) -> Path:
     """The tiny GRPO job on a head and two CPU worker pods of the runtime's node: the model and the
     checkpoints on claims every pod mounts; returns the checkpoint volume's directory."""
     models = shared_claim(core, namespace, "models", tmp_path / "models-volume")
@@ -100,7 +100,7 @@ def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: P
     checkpoints = shared_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
     job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
-                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": INTERVAL, "keep": 2})
+                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
     manifest = yaml.safe_load(job_file.read_text())
     manifest["spec"]["resources"] = {
         "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
@@ -182,23 +182,22 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
         control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
     """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
     fails, KubeRay retries on a new cluster and the run resumes from the checkpoint on the shared claim."""
-    core, steps = kube_api.core, 6
+    core, steps, interval = kube_api.core, 20, 4  # a tiny step takes about half a second: room to kill mid-run
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, backoffLimit=1) \
-        / "podkill"
-
-    def past_a_checkpoint() -> str | None:
-        """The IP of a worker pod holding a ModelWorker, once a step after the newest checkpoint is logged."""
-        saved = newest(run_dir)
-        if saved is None or max(steps_logged(run_dir), default=0) <= saved:
-            return None
-        return next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"), None)
-
-    victim_ip = wait_for(past_a_checkpoint, 900, "a step logged past a checkpoint")
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, interval,
+                        backoffLimit=1) / "podkill"
+    victim_ip = wait_for(lambda: next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"),
+                                      None), 600, "Ray to place a ModelWorker")
     victim = next(pod for pod in core.list_namespaced_pod(namespace, label_selector="ray.io/node-type=worker").items
                   if pod.status.pod_ip == victim_ip)
+
+    def past_a_checkpoint() -> bool:
+        saved = newest(run_dir)
+        return saved is not None and max(steps_logged(run_dir), default=0) > saved
+
+    wait_for(past_a_checkpoint, 600, "a step logged past a checkpoint", interval=0.02, max_interval=0.05)
     pod_runtime.kill(namespace, victim.metadata.name)
     rayjob_name = get_job(kube, namespace, "podkill")["status"]["rayJobName"]
     wait_for(lambda: (kube.get("RayJob", namespace, rayjob_name).get("status") or {}).get("failed") == 1, 300,
@@ -208,7 +207,7 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     job = wait_end(kube, namespace, "podkill", pod_runtime, started)
     ray_state.done.set()
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    assert saved < steps and max(logged) - saved <= INTERVAL, (saved, logged)  # at most one interval lost
+    assert saved < steps and max(logged) - saved <= interval, (saved, logged)  # at most one interval lost
     assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
     ray_status = kube.get("RayJob", namespace, rayjob_name)["status"]
     assert (ray_status["failed"], ray_status["succeeded"]) == (1, 1)
