@@ -6,8 +6,9 @@
 - ``kwok_nodes`` (session): starts kwok on that control plane and creates the fake GPU/CPU
   nodes of e2e/kwok/nodes.yaml; returns their names.
 - ``kuberay_operator`` (session): starts the real KubeRay operator (and kwok, so its pods run).
-- ``pod_runtime`` (session): the kubelet of a Node this machine plays (e2e/pods/kubelet.py), with
+- ``pod_runtime`` (module): the kubelet of a Node this machine plays (e2e/pods/kubelet.py), with
   KubeRay running: the pods that select and tolerate it run for real (head, workers, submitter).
+  The Node goes with the module, so other modules see only kwok's nodes.
 - ``kueue`` (module): starts Kueue (with KubeRay and kwok) for one test module, stops it after.
 - ``kueue_queues``: make(gpus) creates ResourceFlavors over the kwok nodes, a ClusterQueue with
   that GPU quota and a LocalQueue in the test's namespace; returns the LocalQueue's name.
@@ -87,7 +88,7 @@ def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> Cont
     return control_plane
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pod_runtime(kuberay_operator: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from e2e.pods.kubelet import Kubelet
 

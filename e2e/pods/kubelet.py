@@ -9,9 +9,12 @@ then its container (processes.py) with status written as a kubelet writes it (po
 Ready from the readiness probe, container states, Succeeded/Failed with the exit code). A container
 that exits is restarted unless the pod's restartPolicy says otherwise. A pod being deleted has its
 processes stopped and is then deleted with grace period 0, as the kubelet confirms a deletion.
+A pod's processes are all those in its network namespace (Ray's may leave the container's session);
+peak_rss records the most each pod's process tree held, sampled every half second.
 
 Not played: images (processes.py), GPUs and other devices, resource enforcement (Ray sees CPU and
-memory as KubeRay writes them into `ray start`), liveness probes, sidecar and multi-container pods.
+memory as KubeRay writes them into `ray start`), liveness probes, sidecar and multi-container pods
+(such a pod fails), a hard open-files limit above this machine's.
 """
 
 from __future__ import annotations
@@ -211,6 +214,8 @@ class Pod:
 
     def _live(self) -> None:
         try:
+            if len(self.spec["containers"]) > 1:
+                raise NotImplementedError("this pod runtime plays pods of one container (and init containers)")
             self.root.mkdir(parents=True, exist_ok=True)
             self.ip = self.kubelet.network.attach(self.netns)
             self._status("Pending", initialized=False)

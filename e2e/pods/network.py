@@ -14,8 +14,11 @@ Cluster DNS is a small DNS server on the bridge (port 53, A records only), named
 EndpointSlices (a headless Service's answer; KubeRay's head Service is headless), anything else is
 NXDOMAIN (no upstream: the pods are offline). A hosts file per namespace, bind-mounted over the pods'
 /etc/hosts and rewritten in place (a bind mount keeps the inode), maps each pod's name to its IP (its
-hostname, as the kubelet's hosts file has it), and the Services' names too. gRPC's resolver (Ray's GCS client) asks DNS and
-ignores /etc/hosts, so names in a hosts file alone would not do.
+hostname, as the kubelet's hosts file has it; gloo resolves it) and the Services' names too. The DNS
+server is needed all the same: gRPC's resolver (Ray's GCS client) asks DNS and ignores /etc/hosts.
+KubeRay, outside the pods, reads Service names from the control plane's hosts file (cluster_hosts).
+
+One runtime per machine at a time: the bridge, its subnet and 10.96.0.1:443 are fixed.
 """
 
 from __future__ import annotations
