@@ -101,8 +101,9 @@ class PodNetwork:
 
     def detach(self, name: str, address: str) -> None:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)  # its veth pair goes with it
-        with self.lock:
-            self.free.append(address)
+        if address:
+            with self.lock:
+                self.free.append(address)
 
     # The `kubernetes` Service without kube-proxy: bytes copied both ways to the API server.
     def _accept(self) -> None:
