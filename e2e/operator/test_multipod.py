@@ -63,6 +63,7 @@ class RayState:
     def __init__(self, core, namespace: str):
         self.core, self.namespace = core, namespace
         self.actors: dict[str, tuple[str, str]] = {}  # actor id -> (class, node IP)
+        self.nodes: dict[str, dict[str, float]] = {}  # node IP -> the resources Ray gives it in all
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True)
         self.thread.start()
@@ -83,7 +84,9 @@ class RayState:
                            if e.name == "RAY_AUTH_TOKEN")
                 secret = self.core.read_namespaced_secret(ref.name, self.namespace).data[ref.key]
                 token = base64.b64decode(secret).decode()
-                nodes = {n["node_id"]: n["node_ip"] for n in self._get(head[0].status.pod_ip, token, "/api/v0/nodes")}
+                listed = self._get(head[0].status.pod_ip, token, "/api/v0/nodes?detail=true")
+                nodes = {n["node_id"]: n["node_ip"] for n in listed}
+                self.nodes.update({n["node_ip"]: n.get("resources_total", {}) for n in listed})
                 for actor in self._get(head[0].status.pod_ip, token, "/api/v0/actors?limit=1000&detail=true"):
                     if actor.get("node_id") in nodes:
                         self.actors[actor["actor_id"]] = (actor["class_name"], nodes[actor["node_id"]])
@@ -168,6 +171,11 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
             placed.setdefault(kind, set()).add(node_ip)
     assert set(placed) == MODEL_ACTORS, ray_state.actors
     assert set().union(*placed.values()) <= ips["worker"], (placed, ips)
+    print(f"Ray placed {placed}; workers {ips['worker']}, head {ips['head']}")
+    # CPU and memory as Ray sees them: what KubeRay derived from each pod's limits (the head none: num-cpus 0).
+    assert ray_state.nodes[next(iter(ips["head"]))].get("CPU", 0) == 0, ray_state.nodes
+    for ip in ips["worker"]:
+        assert ray_state.nodes[ip]["CPU"] == 2 and ray_state.nodes[ip]["memory"] == 5 * 2**30, ray_state.nodes
     # The checkpoint every pod wrote to is on the one shared claim.
     assert (checkpoints / "multipod" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
 
