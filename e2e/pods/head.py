@@ -41,7 +41,7 @@ import yaml
 
 from e2e.controlplane import ControlPlane, free_ports
 from e2e.operator.kuberay import RayJobStatus, random_suffix
-from e2e.pods import volumes
+from e2e.pods import processes, volumes
 from rlhf_operator.kube import Kube
 
 # What a pod sees of this process's environment: what the "image" (this machine and its virtualenv)
@@ -73,23 +73,11 @@ class HeadPod:
     def _env(self) -> dict[str, str]:
         # A container gets its image's environment and its pod's, never its node's: what this
         # process holds (a W&B service's socket, KUBECONFIG, RAY_ADDRESS...) must not reach the pod.
-        env = {k: v for k, v in os.environ.items() if k in IMAGE_ENV}
+        # This head runs as root on this machine's filesystem, so its "image" variables are this process's.
         fields = {"metadata.namespace": self.namespace, "metadata.name": f"{self.name}-head",
                   "spec.serviceAccountName": self.pod.get("serviceAccountName", "default")}
-        for source in self.container.get("envFrom", []):
-            ref = source.get("configMapRef") or source.get("secretRef")
-            kind = "ConfigMap" if "configMapRef" in source else "Secret"
-            env.update({source.get("prefix", "") + k: v for k, v in self._data(kind, ref["name"]).items()})
-        for var in self.container.get("env", []):
-            value_from = var.get("valueFrom", {})
-            if "value" in var:
-                env[var["name"]] = var["value"]
-            elif "fieldRef" in value_from:
-                env[var["name"]] = fields[value_from["fieldRef"]["fieldPath"]]
-            elif "configMapKeyRef" in value_from or "secretKeyRef" in value_from:
-                kind = "ConfigMap" if "configMapKeyRef" in value_from else "Secret"
-                ref = value_from.get("configMapKeyRef") or value_from.get("secretKeyRef")
-                env[var["name"]] = self._data(kind, ref["name"])[ref["key"]]
+        env = processes.resolve_env(self.container, fields, self._data,
+                                    {k: v for k, v in os.environ.items() if k in IMAGE_ENV})
         port = self.cp.ports["kube-apiserver"]
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port),
                    RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
