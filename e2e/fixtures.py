@@ -6,6 +6,9 @@
 - ``kwok_nodes`` (session): starts kwok on that control plane and creates the fake GPU/CPU
   nodes of e2e/kwok/nodes.yaml; returns their names.
 - ``kuberay_operator`` (session): starts the real KubeRay operator (and kwok, so its pods run).
+- ``pod_runtime`` (module): the kubelet of a Node this machine plays (e2e/pods/kubelet.py), with
+  KubeRay running: the pods that select and tolerate it run for real (head, workers, submitter).
+  The Node goes with the module, so other modules see only kwok's nodes.
 - ``kueue`` (module): starts Kueue (with KubeRay and kwok) for one test module, stops it after.
 - ``kueue_queues``: make(gpus) creates ResourceFlavors over the kwok nodes, a ClusterQueue with
   that GPU quota and a LocalQueue in the test's namespace; returns the LocalQueue's name.
@@ -86,6 +89,19 @@ def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> Cont
 
 
 @pytest.fixture(scope="module")
+def pod_runtime(kuberay_operator: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from e2e.pods.kubelet import Kubelet
+
+    cp = kuberay_operator
+    kubelet = Kubelet(cp.api_client(), cp.ports["kube-apiserver"], cp.pki / "ca.crt",
+                      tmp_path_factory.mktemp("kubelet"), cp.hosts_file).start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
+
+
+@pytest.fixture(scope="module")
 def kueue(kuberay_operator: ControlPlane) -> Iterator[ControlPlane]:
     """Kueue (framework ray.io/rayjob) for this module's tests, stopped after them: Kueue acts on
     every RayJob with a queue label, and other modules label RayJobs while playing Kueue's part
@@ -151,8 +167,9 @@ def kube_api(control_plane: ControlPlane) -> Iterator[KubeAPI]:
         api_client.close()
 
 
-def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
-    """Poll cond() until it returns something truthy; return that value."""
+def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1, max_interval: float = 1.0):
+    """Poll cond() until it returns something truthy; return that value. The polling interval grows from
+    interval to max_interval."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -160,7 +177,7 @@ def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: flo
         if last:
             return last
         time.sleep(interval)
-        interval = min(interval * 1.5, 1.0)
+        interval = min(interval * 1.5, max_interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 

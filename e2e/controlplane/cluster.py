@@ -109,6 +109,11 @@ class ControlPlane:
         return self.state_dir / "logs"
 
     @property
+    def hosts_file(self) -> Path:
+        """KubeRay's /etc/hosts (see kuberay.py): the cluster DNS names the pod runtime writes, on this machine's."""
+        return self.state_dir / "hosts"
+
+    @property
     def pki(self) -> Path:
         return self.state_dir / "pki"
 

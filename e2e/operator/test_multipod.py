@@ -1,0 +1,224 @@
+"""A job as the cluster runs it: KubeRay's own pods (a head, two CPU workers, the submitter), each
+played for real by the pod runtime (e2e/pods), KubeRay not paused.
+
+KubeRay creates the RayCluster, its pods and head Service and the submitter Job; the Job controller
+creates the submitter pod; the runtime runs each pod in its own network and mount namespace as uid
+1000 (the pods' securityContext), with the command KubeRay wrote (`ray start` with its
+rayStartParams, `ray job submit`); KubeRay follows the Ray job on the head's dashboard and writes
+the RayJob status, from which the operator writes the RLHFJob's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.fixtures import wait_for
+from e2e.operator.jobs import get_job
+from e2e.operator.tiny import reward_config_map, tiny_job
+from e2e.pods.kubelet import NODE_LABEL
+from tests.trainer.run_probes import newest
+
+STEPS, INTERVAL = 2, 2
+CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in every pod, on the shared claim
+MODEL_ACTORS = {"ModelWorker", "RolloutEngine"}  # the model groups' ranks and the vLLM engine
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from rlhf_trainer.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def shared_claim(core, namespace: str, claim: str, directory: Path) -> Path:
+    """A hostPath PersistentVolume (every pod of this machine's node mounts it) and its Bound claim."""
+    directory.mkdir(parents=True)
+    owner = core.read_namespace(namespace).metadata
+    volume = f"{namespace}-{claim}"
+    core.create_persistent_volume({
+        "metadata": {"name": volume, "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Namespace", "name": owner.name, "uid": owner.uid}]},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "shared-e2e",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)}}})
+    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim}, "spec": {
+        "accessModes": ["ReadWriteMany"], "storageClassName": "shared-e2e", "volumeName": volume,
+        "resources": {"requests": {"storage": "1Gi"}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase == "Bound",
+             60, f"claim {claim} Bound")
+    return directory
+
+
+class RayState:
+    """What Ray itself says, from the head's dashboard while the cluster lives: each actor's class and node IP."""
+
+    def __init__(self, core, namespace: str):
+        self.core, self.namespace = core, namespace
+        self.actors: dict[str, tuple[str, str]] = {}  # actor id -> (class, node IP)
+        self.nodes: dict[str, dict[str, float]] = {}  # node IP -> the resources Ray gives it in all
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _get(self, head_ip: str, token: str, path: str) -> list[dict]:
+        request = urllib.request.Request(f"http://{head_ip}:8265{path}",
+                                         headers={"x-ray-authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)["data"]["result"]["result"]
+
+    def _follow(self) -> None:
+        while not self.done.wait(2):
+            try:
+                head = self.core.list_namespaced_pod(self.namespace, label_selector="ray.io/node-type=head").items
+                if not head or not head[0].status.pod_ip:
+                    continue
+                ref = next(e.value_from.secret_key_ref for e in head[0].spec.containers[0].env
+                           if e.name == "RAY_AUTH_TOKEN")
+                secret = self.core.read_namespaced_secret(ref.name, self.namespace).data[ref.key]
+                token = base64.b64decode(secret).decode()
+                listed = self._get(head[0].status.pod_ip, token, "/api/v0/nodes?detail=true")
+                nodes = {n["node_id"]: n["node_ip"] for n in listed}
+                self.nodes.update({n["node_ip"]: n.get("resources_total", {}) for n in listed})
+                for actor in self._get(head[0].status.pod_ip, token, "/api/v0/actors?limit=1000&detail=true"):
+                    if actor.get("node_id") in nodes:
+                        self.actors[actor["actor_id"]] = (actor["class_name"], nodes[actor["node_id"]])
+            except Exception:  # noqa: BLE001 - the head is not up yet, or already gone
+                continue
+
+
+def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
+              interval: int = INTERVAL, **spec) -> Path:
+    """The tiny GRPO job on a head and two CPU worker pods of the runtime's node: the model and the
+    checkpoints on claims every pod mounts; returns the checkpoint volume's directory."""
+    models = shared_claim(core, namespace, "models", tmp_path / "models-volume")
+    shutil.copytree(tiny_model, models / "tiny")
+    checkpoints = shared_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
+    job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
+                        actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
+                        checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
+    manifest = yaml.safe_load(job_file.read_text())
+    manifest["spec"]["resources"] = {
+        "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
+        "shmSize": "1Gi", "nodeSelector": {NODE_LABEL: "true"},
+        "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}
+    manifest["spec"].update(spec)
+    job_file.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(job_file))
+    return checkpoints
+
+
+def wait_end(kube, namespace: str, name: str, pod_runtime, started: float) -> dict:
+    """The job once Succeeded or Failed; prints the runtime's figures and the pods' logs either way."""
+    try:
+        return wait_for(lambda: (j := get_job(kube, namespace, name)).get("status", {}).get("phase")
+                        in ("Succeeded", "Failed") and j, 1200, f"job {name} to end")
+    finally:
+        print(f"\npod runtime: {time.monotonic() - started:.0f}s from apply to the job's end; peak RSS per pod (MiB): "
+              f"{ {pod: rss >> 20 for pod, rss in pod_runtime.peak_rss.items() if pod.startswith(name)} }; "
+              f"errors: {pod_runtime.errors}")
+        for log in sorted((pod_runtime.root / "pods").glob("*/container.log")):
+            print(f"--- {log}\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.timeout(1500)
+def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+    core = kube_api.core
+    operator.start()
+    started = time.monotonic()
+    ray_state = RayState(core, namespace)
+    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS)
+
+    # Every pod KubeRay and the Job controller create runs here: head, two workers, the submitter.
+    def pods_by_kind() -> dict[str, list]:
+        pods = core.list_namespaced_pod(namespace).items
+        kinds = {"head": [], "worker": [], "submitter": []}
+        for pod in pods:
+            labels = pod.metadata.labels or {}
+            kind = labels.get("ray.io/node-type") or ("submitter" if "batch.kubernetes.io/job-name" in labels else "")
+            if kind in kinds and pod.status.pod_ip:
+                kinds[kind].append(pod)
+        return kinds if all(kinds.values()) and len(kinds["worker"]) == 2 else None
+
+    seen = wait_for(pods_by_kind, 300, "head, two workers and the submitter running with pod IPs")
+    ips = {kind: {pod.status.pod_ip for pod in pods} for kind, pods in seen.items()}
+    assert len(set().union(*ips.values())) == 4  # each pod its own IP
+    assert all(pod.spec.node_name == pod_runtime.node for pods in seen.values() for pod in pods)
+
+    job = wait_end(kube, namespace, "multipod", pod_runtime, started)
+    ray_state.done.set()
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    status = job["status"]
+    assert status["progress"]["step"] == STEPS
+    assert 0.0 <= status["metrics"]["rewardMean"] <= 1.0
+    assert status["lastCheckpoint"]["path"] == f"{CHECKPOINTS}/step-{STEPS:08d}"
+    rayjob = kube.get("RayJob", namespace, status["rayJobName"])
+    assert rayjob["status"]["jobStatus"] == "SUCCEEDED"  # written by KubeRay from the dashboard
+    assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
+
+    # Ray's own view, node by node: every model group rank and the engine on a worker pod, none on the head.
+    placed = {}
+    for kind, node_ip in ray_state.actors.values():
+        if kind in MODEL_ACTORS:
+            placed.setdefault(kind, set()).add(node_ip)
+    assert set(placed) == MODEL_ACTORS, ray_state.actors
+    assert set().union(*placed.values()) <= ips["worker"], (placed, ips)
+    print(f"Ray placed {placed}; workers {ips['worker']}, head {ips['head']}")
+    # CPU and memory as Ray sees them: what KubeRay derived from each pod's limits (the head none: num-cpus 0).
+    assert ray_state.nodes[next(iter(ips["head"]))].get("CPU", 0) == 0, ray_state.nodes
+    for ip in ips["worker"]:
+        assert ray_state.nodes[ip]["CPU"] == 2 and ray_state.nodes[ip]["memory"] == 5 * 2**30, ray_state.nodes
+    # The checkpoint every pod wrote to is on the one shared claim.
+    assert (checkpoints / "multipod" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    path = run_dir / "logs" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(1500)
+def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+    """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
+    fails, KubeRay retries on a new cluster and the run resumes from the checkpoint on the shared claim."""
+    core, steps, interval = kube_api.core, 20, 4  # a tiny step takes about half a second: room to kill mid-run
+    operator.start()
+    started = time.monotonic()
+    ray_state = RayState(core, namespace)
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, interval,
+                        backoffLimit=1) / "podkill"
+    victim_ip = wait_for(lambda: next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"),
+                                      None), 600, "Ray to place a ModelWorker")
+    victim = next(pod for pod in core.list_namespaced_pod(namespace, label_selector="ray.io/node-type=worker").items
+                  if pod.status.pod_ip == victim_ip)
+
+    def past_a_checkpoint() -> bool:
+        saved = newest(run_dir)
+        return saved is not None and max(steps_logged(run_dir), default=0) > saved
+
+    wait_for(past_a_checkpoint, 600, "a step logged past a checkpoint", interval=0.02, max_interval=0.05)
+    pod_runtime.kill(namespace, victim.metadata.name)
+    rayjob_name = get_job(kube, namespace, "podkill")["status"]["rayJobName"]
+    wait_for(lambda: (kube.get("RayJob", namespace, rayjob_name).get("status") or {}).get("failed") == 1, 300,
+             "KubeRay to count the failed attempt")
+    saved, logged = newest(run_dir), steps_logged(run_dir)
+
+    job = wait_end(kube, namespace, "podkill", pod_runtime, started)
+    ray_state.done.set()
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert saved < steps and max(logged) - saved <= interval, (saved, logged)  # at most one interval lost
+    assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
+    ray_status = kube.get("RayJob", namespace, rayjob_name)["status"]
+    assert (ray_status["failed"], ray_status["succeeded"]) == (1, 1)
+    assert job["status"]["progress"]["step"] == steps and job["status"]["lastCheckpoint"]["step"] == steps
+    print(f"pod runtime retry: worker pod {victim.metadata.name} killed after step {max(logged)} of {steps}; "
+          f"attempt 2 resumed from step {saved}")
