@@ -113,7 +113,7 @@ def kueue(kuberay_operator: ControlPlane) -> Iterator[ControlPlane]:
         # Kueue releases the finalizers of the Workloads of deleted jobs; without it their
         # namespaces would never go.
         try:
-            wait_for(lambda: not kuberay_operator._get_json(
+            wait_for(lambda: not kuberay_operator.api.get_json(
                 f"/apis/{kueue_objects.API}/workloads")[1]["items"], 60, "Workloads to be deleted")
         except AssertionError as e:
             warnings.warn(str(e), stacklevel=1)
@@ -131,13 +131,13 @@ def kueue_queues(kueue: ControlPlane,
         # The LocalQueue's name becomes a label value (at most 63 characters); the ClusterQueue
         # is cluster-wide, so it is named after the namespace.
         local, cluster = f"queue-{len(made)}", f"{namespace}-{len(made)}"
-        kueue_objects.create_queues(kueue, namespace, local, cluster, gpus)
+        kueue_objects.create_queues(kueue.api, namespace, local, cluster, gpus)
         made.append((local, cluster))
         return local
 
     yield make
     for local, cluster in made:
-        kueue_objects.delete_queues(kueue, namespace, local, cluster)
+        kueue_objects.delete_queues(kueue.api, namespace, local, cluster)
 
 
 @pytest.fixture(scope="session")

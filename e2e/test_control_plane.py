@@ -3,10 +3,14 @@ kube-controller-manager, kube-scheduler, kwok fake nodes and the real KubeRay op
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+import e2e.controlplane
 from e2e.controlplane import ControlPlane, read_versions
 from e2e.fixtures import KubeAPI, wait_for
 
@@ -286,3 +290,29 @@ def test_raycluster_is_reconciled_into_head_and_worker_pods(
     custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", "rc")
     wait_for(lambda: not kube_api.core.list_namespaced_pod(
         namespace, label_selector="ray.io/cluster=rc").items, 60, "RayCluster pods to go")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The package-relative modules a file of e2e/controlplane imports (".cluster" -> "cluster")."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level == 1:
+                found.add(base) if base else found.update(a.name for a in node.names)
+            elif base.startswith("e2e.controlplane."):
+                found.add(base.removeprefix("e2e.controlplane."))
+            elif base == "e2e.controlplane":
+                found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("e2e.controlplane.") for a in node.names
+                         if a.name.startswith("e2e.controlplane."))
+    return found
+
+
+def test_only_init_and_cli_import_the_facade() -> None:
+    """The control plane's modules form a tree: components take plain inputs (paths, ports, a
+    process.Launcher, a client.Api) and never import cluster.py, which composes them."""
+    package = Path(e2e.controlplane.__file__).parent
+    importers = sorted(f.name for f in package.glob("*.py") if "cluster" in _imported_modules(f))
+    assert importers == ["__init__.py", "cli.py"]

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from e2e.controlplane.binaries import built
-from e2e.controlplane.crds import install as install_crds
 from rlhf_operator import render
 
 pytestmark = pytest.mark.needs_build  # helm and CRDs from e2e/build/build.sh
@@ -96,7 +95,7 @@ def monitoring_crds(control_plane):
     (build.sh prometheus-operator-crds), for this module's tests; removed after them."""
     crds = Path(built("prometheus-operator-crds", "PROMETHEUS_OPERATOR_CRDS"))
     files = [crds / f"monitoring.coreos.com_{kind.lower()}s.yaml" for kind in MONITORING_KINDS]
-    names = install_crds(control_plane, files)
+    names = control_plane.install_crds(files)
     yield control_plane
     control_plane.kubectl("delete", "crd", *names, "--ignore-not-found")
 

@@ -24,21 +24,23 @@ As a developer command (leaves the control plane running in the background)::
 #
 # Layout, by concern:
 #   binaries.py    versions.env, the cache dir, Binaries (built by build.sh), find_kubectl
-#   process.py     Process (stop by PID), spawn, wait_until, free_ports, tail, prune
+#   process.py     Process (stop by PID), spawn, wait_until, Launcher, free_ports, tail, prune
 #   certs.py       the PKI (openssl) and the admin token file
-#   client.py      the raw HTTPS client of the API server, health checks
+#   client.py      the raw HTTPS client of the API server (Api), health checks
 #   etcd.py, apiserver.py, components.py (kube-controller-manager, kube-scheduler),
 #   kwok.py, kuberay.py, kueue.py
-#                  one module per component: functions of the ControlPlane that launch
-#                  the process (cp._spawn) and wait until it is ready (cp._wait)
+#                  one module per component: functions of plain inputs (binary, paths, ports,
+#                  an Api) that launch the process with a Launcher, wait until it is ready
+#                  and return what they made (ports, node names)
 #   queues.py      Kueue ResourceFlavors/ClusterQueue/LocalQueue over the kwok nodes
 #   crds.py        CRD install and the wait for Established
 #   seed.py        the cached etcd data dirs that already hold the CRDs
 #   state.py       state.json: what `attach` reads
-#   cluster.py     ControlPlane, the facade composing all of the above
+#   cluster.py     ControlPlane, the facade composing all of the above; only this file and
+#                  cli.py import it (e2e/test_control_plane.py checks)
 #   cli.py         `python -m e2e.controlplane up|down|status|env` (__main__.py)
 #
-# Adding a component: its module (like kuberay.py: free_ports, cp._spawn, cp._wait), its
+# Adding a component: its module (like kuberay.py: free_ports, launch.spawn, launch.wait), its
 # binary in Binaries (and build.sh/BUILD_TARGETS), its place in cluster.STOP_ORDER, and on
 # ControlPlane a constructor flag plus a start_<name>() built on _start_optional.
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import yaml
 
 from .certs import ADMIN_USER
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .client import Api
+from .process import Launcher, Process
 
 CLUSTER_NAME = "rlhf-e2e"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -26,14 +23,15 @@ AUDIT_POLICY = {
 }
 
 
-def start(cp: ControlPlane) -> None:
-    port = cp.ports["kube-apiserver"]
-    pki = cp.pki
-    policy = cp.state_dir / "audit-policy.yaml"
+def start(launch: Launcher, binary: Path, state_dir: Path, pki: Path, port: int, etcd_port: int,
+          api: Api, kubeconfig: Path) -> Process:
+    """Start the API server on port, over etcd on etcd_port; once api answers /readyz,
+    write the admin kubeconfig."""
+    policy = state_dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-    cp._spawn("kube-apiserver", [
-        str(cp.binaries.kube_apiserver),
-        f"--etcd-servers=http://127.0.0.1:{cp.ports['etcd-client']}",
+    proc = launch.spawn("kube-apiserver", [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         # The "kubernetes" Service's endpoints may not be a loopback address, and nothing
@@ -64,31 +62,31 @@ def start(cp: ControlPlane) -> None:
         "--profiling=false",
         "--event-ttl=1h",
         f"--audit-policy-file={policy}",
-        f"--audit-log-path={audit_log(cp)}",
+        f"--audit-log-path={audit_log(state_dir)}",
         "--v=1",
     ])
-    cp._wait(lambda: cp._request("GET", "/readyz", ok=())[0] == 200, 120,
-             "kube-apiserver /readyz")
-    write_kubeconfig(cp)
+    launch.wait(api.ready, 120, "kube-apiserver /readyz")
+    write_kubeconfig(kubeconfig, api)
+    return proc
 
 
-def audit_log(cp: ControlPlane) -> Path:
-    return cp.state_dir / "audit.log"
+def audit_log(state_dir: Path) -> Path:
+    return state_dir / "audit.log"
 
 
-def write_kubeconfig(cp: ControlPlane) -> None:
-    ca = base64.b64encode((cp.pki / "ca.crt").read_bytes()).decode()
+def write_kubeconfig(kubeconfig: Path, api: Api) -> None:
+    ca = base64.b64encode(api.cafile.read_bytes()).decode()
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": CLUSTER_NAME, "cluster": {
-            "server": cp.server, "certificate-authority-data": ca}}],
-        "users": [{"name": ADMIN_USER, "user": {"token": cp.token}}],
+            "server": api.server, "certificate-authority-data": ca}}],
+        "users": [{"name": ADMIN_USER, "user": {"token": api.token}}],
         "contexts": [{"name": CLUSTER_NAME, "context": {
             "cluster": CLUSTER_NAME, "user": ADMIN_USER, "namespace": "default"}}],
         "current-context": CLUSTER_NAME,
     }
-    tmp = cp.kubeconfig.with_suffix(".tmp")
+    tmp = kubeconfig.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
     tmp.chmod(0o600)
-    tmp.replace(cp.kubeconfig)
+    tmp.replace(kubeconfig)

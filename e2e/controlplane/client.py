@@ -8,6 +8,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,24 @@ def request(server: str, token: str, cafile: Path, method: str, path: str, body:
     if status not in ok and ok:
         raise ControlPlaneError(f"{method} {path}: HTTP {status}: {payload}")
     return status, payload
+
+
+@dataclass(frozen=True)
+class Api:
+    """The API server as an admin: where it is, the admin token, the CA that signed it."""
+    server: str
+    token: str
+    cafile: Path
+
+    def request(self, method: str, path: str, body: Any = None, ok: Sequence[int] = (200,),
+                timeout: float = 10) -> tuple[int, Any]:
+        return request(self.server, self.token, self.cafile, method, path, body, ok, timeout)
+
+    def get_json(self, path: str) -> tuple[int, Any]:
+        return self.request("GET", path, ok=())
+
+    def ready(self) -> bool:
+        return self.get_json("/readyz")[0] == 200
 
 
 def http_ok(url: str, cafile: Path | None = None) -> bool:

@@ -1,8 +1,9 @@
 """ControlPlane: the facade that starts, stops and attaches to a whole control plane.
 
-Each component lives in its own module (etcd, apiserver, components, kwok, kuberay, kueue) as
-functions of the ControlPlane; the underscore methods below (_spawn, _wait, _request,
-_get_json, _save_state) are the package-internal toolkit those functions use.
+Each component lives in its own module (etcd, apiserver, components, kwok, kuberay, kueue), a
+function of plain inputs: its binary, paths and ports, a process.Launcher (starts and records
+processes, waits on them) and a client.Api (the API server as an admin). None of them imports
+this module; ControlPlane composes them.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import Any
 from . import apiserver, components, crds, etcd, kuberay, kueue, kwok, seed
 from .binaries import BUILD_TARGETS, Binaries, cache_dir, find_kubectl
 from .certs import make_pki, write_admin_token
-from .client import request
+from .client import Api
 from .errors import ControlPlaneError
-from .process import Process, free_ports, prune, spawn, tail, wait_until
+from .process import Launcher, Process, free_ports, prune, tail
 from .state import load_state, save_state
 
-# What stop_component/start_component can restart (data dir and ports kept): component -> its start.
-RESTARTABLE = {"etcd": etcd.start, "kube-apiserver": apiserver.start}
+# What stop_component/start_component can restart (data dir and ports kept).
+RESTARTABLE = ("etcd", "kube-apiserver")
 # Run dirs kept after failed sessions (under <cache>/e2e-runs), newest first.
 RUNS_KEPT = 8
 # Order of stopping: dependents first.
@@ -121,6 +122,18 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
 
+    @property
+    def api(self) -> Api:
+        """The API server as the admin (raw JSON requests, see client.py)."""
+        return Api(self.server, self.token, self.pki / "ca.crt")
+
+    @property
+    def launcher(self) -> Launcher:
+        """Starts this control plane's processes (logs in logs_dir, recorded in processes and
+        state.json) and waits on them (failing fast when one has died)."""
+        return Launcher(self.logs_dir, self.state_dir, self.env(), self.die_with_parent,
+                        self.processes, self._save_state)
+
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for a subprocess that should talk to this control plane."""
         env = dict(os.environ if base is None else base)
@@ -164,23 +177,31 @@ class ControlPlane:
             etcd_seed = None
             if self.want_crds and self.use_seed:
                 t = time.monotonic()
-                etcd_seed = seed.etcd_seed(self)
+                key = seed.seed_key(self.versions, [
+                    *self.kuberay_crd_files(), *self.kueue_crd_files(), *self.repo_crd_files()])
+                etcd_seed = seed.etcd_seed(key, self._make_seed, self.log)
                 self.timings["etcd-seed"] = round(time.monotonic() - t, 2)
-            self._phase("etcd", lambda: etcd.start(self, etcd_seed))
-            self._phase("kube-apiserver", lambda: apiserver.start(self))
+            self.seeded_from = etcd_seed
+            self._phase("etcd", lambda: self._start_etcd(etcd_seed))
+            self._phase("kube-apiserver", self._start_apiserver)
             # Launched now, waited for after the CRDs: their start overlaps the CRD install.
+            kubeconfig, state_dir, pki, ports = self.kubeconfig, self.state_dir, self.pki, self.ports
             if self.want_controller_manager:
-                components.launch_controller_manager(self)
+                components.launch_controller_manager(
+                    self.launcher, self.binaries.kube_controller_manager, kubeconfig, state_dir,
+                    ports["kube-controller-manager"], pki)
             if self.want_scheduler:
-                components.launch_scheduler(self)
+                components.launch_scheduler(self.launcher, self.binaries.kube_scheduler,
+                                            kubeconfig, state_dir, ports["kube-scheduler"])
             if self.want_crds:
-                self._phase("crds", lambda: seed.crds_from_seed(self, etcd_seed) if etcd_seed
+                self._phase("crds", lambda: self._crds_from_seed(etcd_seed) if etcd_seed
                             else self.install_all_crds())
             if self.want_controller_manager:
-                self._phase("kube-controller-manager",
-                            lambda: components.wait_controller_manager(self))
+                self._phase("kube-controller-manager", lambda: components.wait_controller_manager(
+                    self.launcher, ports["kube-controller-manager"], self.api))
             if self.want_scheduler:
-                self._phase("kube-scheduler", lambda: components.wait_scheduler(self))
+                self._phase("kube-scheduler", lambda: components.wait_scheduler(
+                    self.launcher, ports["kube-scheduler"]))
             if self.want_kwok:
                 self.start_kwok()
             if self.want_kuberay:
@@ -228,42 +249,55 @@ class ControlPlane:
     def start_component(self, name: str) -> None:
         """Start a stopped etcd or kube-apiserver again on the same ports and data dir; return
         once the API server answers /readyz (which needs etcd too)."""
-        RESTARTABLE[name](self)
-        self._wait(lambda: self._request("GET", "/readyz", ok=())[0] == 200, 120, "kube-apiserver /readyz")
+        {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}[name]()
+        self.launcher.wait(self.api.ready, 120, "kube-apiserver /readyz")
 
     # ----------------------------------------------------------------- optional parts
-    def _start_optional(self, name: str, target: str, start: Callable[[ControlPlane], None]
-                        ) -> None:
-        """Start process `name` once (build target first): start(self), timed, saved."""
+    def _start_optional(self, name: str, target: str, start: Callable[[], None]) -> None:
+        """Start process `name` once (build target first): start(), timed, saved."""
         if name in self.processes:
             return
         t0 = time.monotonic()
         if self.build:
             self.binaries.ensure([target], self.log)
-        start(self)
+        start()
         self.timings[name] = round(time.monotonic() - t0, 2)
         self._save_state()
 
     def start_kwok(self) -> list[str]:
         """Start kwok and create the fake nodes of e2e/kwok/nodes.yaml; wait until Ready."""
-        self._start_optional("kwok", "kwok", kwok.start)
+        def start() -> None:
+            self.fake_nodes = kwok.start(self.launcher, self.binaries, self.state_dir,
+                                         self.kubeconfig, self.api)
+
+        self._start_optional("kwok", "kwok", start)
         self.want_kwok = True
         return self.fake_nodes
 
     def start_kuberay(self) -> None:
         """Start the KubeRay operator (its CRDs are installed by install_all_crds)."""
-        self._start_optional("kuberay-operator", "kuberay", kuberay.start)
+        self._start_optional("kuberay-operator", "kuberay", lambda: self.ports.update(
+            kuberay.start(self.launcher, self.binaries.kuberay_operator, self.hosts_file)))
         self.want_kuberay = True
 
     def start_kueue(self) -> None:
         """Start Kueue's controller manager and its webhooks (see kueue.py); wait until they
         answer through the API server."""
-        self._start_optional("kueue", "kueue", kueue.start)
+        def start() -> None:
+            if not any(name.endswith(f".{kueue.KUEUE_GROUP}") for name in self.crd_names):
+                self.crd_names += self.install_crds(self.kueue_crd_files())  # no CRDs yet
+            self.ports.update(kueue.start(self.launcher, self.binaries, self.state_dir, self.pki,
+                                          self.kubeconfig, self.api))
+
+        self._start_optional("kueue", "kueue", start)
         self.want_kueue = True
 
     def stop_kueue(self) -> None:
         """Remove Kueue's webhooks (they fail closed), then stop it: the cluster is as before."""
-        kueue.stop(self)
+        proc = self.processes.pop("kueue", None)
+        if proc is not None:
+            kueue.remove_webhooks(self.api, self.binaries.kueue_webhooks)
+            proc.stop()
         self.want_kueue = False
         self._save_state()
 
@@ -281,11 +315,15 @@ class ControlPlane:
     def install_all_crds(self) -> None:
         """KubeRay's and Kueue's CRDs (must apply) and the repo's crds/; a refused repo CRD
         goes to crd_errors instead of failing the start."""
-        crds.install_all(self)
+        names, errors = crds.install_all(
+            self.install_crds, [*self.kuberay_crd_files(), *self.kueue_crd_files()],
+            self.repo_crd_files(), self.log)
+        self.crd_names += names
+        self.crd_errors.update(errors)
 
     def install_crds(self, files: Sequence[Path]) -> list[str]:
         """Server-side apply CRD files; wait until Established. Returns the CRD names."""
-        return crds.install(self, files)
+        return crds.install(self.kubectl, self.launcher, self.api, files)
 
     # ----------------------------------------------------------------- internals
     def _build_targets(self) -> list[str]:
@@ -307,24 +345,33 @@ class ControlPlane:
         write_admin_token(self.pki, self.token)
         make_pki(self.pki)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        proc = spawn(name, argv, self.logs_dir / f"{name}.log", cwd=self.state_dir,
-                     env=env or self.env(), with_parent=self.die_with_parent)
-        self.processes[name] = proc
-        self._save_state()
-        return proc
+    def _start_etcd(self, seed: Path | None = None) -> None:
+        etcd.start(self.launcher, self.binaries.etcd, self.state_dir / "etcd",
+                   self.ports["etcd-client"], self.ports["etcd-peer"], seed)
 
-    def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
-        """Poll cond until true; fail fast when one of our processes has died."""
-        wait_until(cond, timeout, what, self.processes.values(), self.logs_dir)
+    def _start_apiserver(self) -> None:
+        apiserver.start(self.launcher, self.binaries.kube_apiserver, self.state_dir, self.pki,
+                        self.ports["kube-apiserver"], self.ports["etcd-client"], self.api,
+                        self.kubeconfig)
 
-    def _request(self, method: str, path: str, body: Any = None, ok: Sequence[int] = (200,),
-                 timeout: float = 10) -> tuple[int, Any]:
-        return request(self.server, self.token, self.pki / "ca.crt", method, path, body, ok,
-                       timeout)
+    def _crds_from_seed(self, etcd_seed: Path) -> None:
+        """Take the CRD names and refusals recorded in the seed; wait until they are Established."""
+        names, errors = seed.crds_from_seed(etcd_seed)
+        self.crd_names = names
+        self.crd_errors.update(errors)
+        for f, err in self.crd_errors.items():
+            self.log(f"CRD {f} was refused by the API server:\n{err}")
+        crds.wait_established(self.launcher, self.api, self.crd_names)
 
-    def _get_json(self, path: str) -> tuple[int, Any]:
-        return self._request("GET", path, ok=())
+    def _make_seed(self, run_dir: Path) -> tuple[list[str], dict[str, str]]:
+        """Install the CRDs in a control plane of its own in run_dir (see seed.etcd_seed)."""
+        seeder = type(self)(
+            run_dir, controller_manager=False, scheduler=False, kwok=False, kuberay=False,
+            kueue=False, crds=True, build=False, seed=False, crd_paths=self.extra_crd_paths,
+            die_with_parent=self.die_with_parent, log=self.log, binaries=self.binaries)
+        seeder.start()  # stops the seeder itself when it fails
+        seeder.stop(keep_state=True)  # graceful stop: etcd's files are consistent
+        return seeder.crd_names, seeder.crd_errors
 
     # ----------------------------------------------------------------- state file
     @property
@@ -332,17 +379,21 @@ class ControlPlane:
         return self.state_dir / "state.json"
 
     def _save_state(self) -> None:
-        save_state(self)
+        save_state(self.state_file, server=self.server if "kube-apiserver" in self.ports else None,
+                   kubeconfig=self.kubeconfig, ports=self.ports, versions=self.versions,
+                   timings=self.timings, fake_nodes=self.fake_nodes, processes=self.processes)
 
     @classmethod
     def attach(cls, state_dir: Path | str) -> ControlPlane:
         """A handle on a control plane started by another process (e.g. `up`)."""
         cp = cls(state_dir, build=False, die_with_parent=False)
         cp._own_state_dir = False
-        load_state(cp)
+        state = load_state(cp.state_file, cp.kubeconfig)
+        cp.ports, cp.timings, cp.fake_nodes = state["ports"], state["timings"], state["fake_nodes"]
+        cp.processes, cp.token = state["processes"], state["token"]
         return cp
 
     def healthy(self) -> bool:
         return (all(p.alive() for p in self.processes.values())
                 and "kube-apiserver" in self.ports
-                and self._request("GET", "/readyz", ok=())[0] == 200)
+                and self.api.ready())

@@ -3,33 +3,31 @@ and waited for after the CRDs are in, so that their start overlaps the CRD insta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from .apiserver import SERVICE_CIDR
-from .client import http_ok
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .client import Api, http_ok
+from .process import Launcher, Process
 
 
-def _flags(cp: ControlPlane, name: str) -> list[str]:
+def _flags(name: str, kubeconfig: Path, state_dir: Path, port: int) -> list[str]:
     """What both take: the admin kubeconfig, and a loopback serving port of their own."""
     return [
-        f"--kubeconfig={cp.kubeconfig}",
-        f"--authentication-kubeconfig={cp.kubeconfig}",
-        f"--authorization-kubeconfig={cp.kubeconfig}",
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
-        f"--secure-port={cp.ports[name]}",
-        f"--cert-dir={cp.state_dir / 'certs' / name}",
+        f"--secure-port={port}",
+        f"--cert-dir={state_dir / 'certs' / name}",
         "--leader-elect=false",
     ]
 
 
-def launch_controller_manager(cp: ControlPlane) -> None:
-    pki = cp.pki
-    cp._spawn("kube-controller-manager", [
-        str(cp.binaries.kube_controller_manager),
-        *_flags(cp, "kube-controller-manager"),
+def launch_controller_manager(launch: Launcher, binary: Path, kubeconfig: Path, state_dir: Path,
+                              port: int, pki: Path) -> Process:
+    return launch.spawn("kube-controller-manager", [
+        str(binary),
+        *_flags("kube-controller-manager", kubeconfig, state_dir, port),
         # Signs legacy ServiceAccount token Secrets; the serviceaccount controller makes
         # each namespace's "default" account, the GC deletes orphaned dependents.
         f"--service-account-private-key-file={pki / 'sa.key'}",
@@ -43,22 +41,21 @@ def launch_controller_manager(cp: ControlPlane) -> None:
     ])
 
 
-def wait_controller_manager(cp: ControlPlane) -> None:
-    port = cp.ports["kube-controller-manager"]
-    cp._wait(lambda: http_ok(f"https://127.0.0.1:{port}/healthz"), 60,
-             "kube-controller-manager /healthz")
+def wait_controller_manager(launch: Launcher, port: int, api: Api) -> None:
+    launch.wait(lambda: http_ok(f"https://127.0.0.1:{port}/healthz"), 60,
+                "kube-controller-manager /healthz")
     # The serviceaccount controller is running once "default" has its account.
-    cp._wait(lambda: cp._get_json(
+    launch.wait(lambda: api.get_json(
         "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, 60,
         "ServiceAccount default/default (serviceaccount controller)")
 
 
-def launch_scheduler(cp: ControlPlane) -> None:
-    cp._spawn("kube-scheduler", [
-        str(cp.binaries.kube_scheduler), *_flags(cp, "kube-scheduler"), "--v=1"])
+def launch_scheduler(launch: Launcher, binary: Path, kubeconfig: Path, state_dir: Path,
+                     port: int) -> Process:
+    return launch.spawn("kube-scheduler", [
+        str(binary), *_flags("kube-scheduler", kubeconfig, state_dir, port), "--v=1"])
 
 
-def wait_scheduler(cp: ControlPlane) -> None:
-    port = cp.ports["kube-scheduler"]
-    cp._wait(lambda: http_ok(f"https://127.0.0.1:{port}/readyz"), 60,
-             "kube-scheduler /readyz")
+def wait_scheduler(launch: Launcher, port: int) -> None:
+    launch.wait(lambda: http_ok(f"https://127.0.0.1:{port}/readyz"), 60,
+                "kube-scheduler /readyz")

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import yaml
 
 from .binaries import REPO, Binaries
-from .client import conditions
+from .client import Api, conditions
 from .errors import ControlPlaneError
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .process import Launcher
 
 CRDS_DIR = REPO / "crds"
 FIELD_MANAGER = "rlhf-e2e"
@@ -38,23 +34,28 @@ def kueue_crd_files(binaries: Binaries) -> list[Path]:
     return sorted(binaries.kueue_crds.glob("*.yaml"))
 
 
-def install_all(cp: ControlPlane) -> None:
-    """KubeRay's and Kueue's CRDs (must apply) and the repo's crds/ (each file on its own).
+def install_all(install: Callable[[Sequence[Path]], list[str]], required: Sequence[Path],
+                repo_files: Sequence[Path], log: Callable[[str], None]
+                ) -> tuple[list[str], dict[str, str]]:
+    """The required CRDs (KubeRay's and Kueue's: must apply) and the repo's crds/ (each file on
+    its own); returns the CRD names and, per refused repo file, the API server's refusal.
 
     A repo CRD the API server refuses does not stop the control plane: the refusal is
-    kept in crd_errors (and logged) so only the tests that need that CRD fail, with the
-    API server's message.
+    kept (and logged) so only the tests that need that CRD fail, with the API server's message.
     """
-    cp.crd_names += install(cp, [*cp.kuberay_crd_files(), *cp.kueue_crd_files()])
-    for f in cp.repo_crd_files():
+    names = install(required)
+    errors: dict[str, str] = {}
+    for f in repo_files:
         try:
-            cp.crd_names += install(cp, [f])
+            names += install([f])
         except ControlPlaneError as e:
-            cp.crd_errors[str(f)] = str(e)
-            cp.log(f"CRD {f} was refused by the API server:\n{e}")
+            errors[str(f)] = str(e)
+            log(f"CRD {f} was refused by the API server:\n{e}")
+    return names, errors
 
 
-def install(cp: ControlPlane, files: Sequence[Path]) -> list[str]:
+def install(kubectl: Callable[..., object], launch: Launcher, api: Api, files: Sequence[Path]
+            ) -> list[str]:
     """Server-side apply CRD files (too big for client-side apply); wait until Established."""
     files = list(files)
     if not files:
@@ -67,18 +68,18 @@ def install(cp: ControlPlane, files: Sequence[Path]) -> list[str]:
     args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}"]
     for f in files:
         args += ["-f", str(f)]
-    cp.kubectl(*args)
-    wait_established(cp, names)
+    kubectl(*args)
+    wait_established(launch, api, names)
     return names
 
 
-def wait_established(cp: ControlPlane, names: Sequence[str]) -> None:
+def wait_established(launch: Launcher, api: Api, names: Sequence[str]) -> None:
     def established() -> bool:
         for name in names:
-            status, crd = cp._get_json(
+            status, crd = api.get_json(
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             if status != 200 or conditions(crd).get("Established") != "True":
                 return False
         return True
 
-    cp._wait(established, 60, f"CRDs Established: {', '.join(names)}")
+    launch.wait(established, 60, f"CRDs Established: {', '.join(names)}")

@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from .client import http_ok
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .process import Launcher, Process
 
 
-def start(cp: ControlPlane, seed: Path | None = None) -> None:
-    client, peer = cp.ports["etcd-client"], cp.ports["etcd-peer"]
+def start(launch: Launcher, binary: Path, data_dir: Path, client: int, peer: int,
+          seed: Path | None = None) -> Process:
+    """Start etcd on ports client and peer with data_dir (first a copy of seed's, if given)."""
     extra = []
     if seed is not None:
-        shutil.copytree(seed / "etcd", cp.state_dir / "etcd")
-        cp.seeded_from = seed
+        shutil.copytree(seed / "etcd", data_dir)
         # A copied data dir remembers the seed's member URLs: start it as a new
         # one-member cluster on this run's ports.
         extra.append("--force-new-cluster")
-    cp._spawn("etcd", [
-        str(cp.binaries.etcd),
+    proc = launch.spawn("etcd", [
+        str(binary),
         "--name=rlhf-e2e",
-        f"--data-dir={cp.state_dir / 'etcd'}",
+        f"--data-dir={data_dir}",
         f"--listen-client-urls=http://127.0.0.1:{client}",
         f"--advertise-client-urls=http://127.0.0.1:{client}",
         f"--listen-peer-urls=http://127.0.0.1:{peer}",
@@ -37,4 +33,5 @@ def start(cp: ControlPlane, seed: Path | None = None) -> None:
         "--log-level=warn",
         *extra,
     ])
-    cp._wait(lambda: http_ok(f"http://127.0.0.1:{client}/health"), 30, "etcd /health")
+    launch.wait(lambda: http_ok(f"http://127.0.0.1:{client}/health"), 30, "etcd /health")
+    return proc

@@ -8,27 +8,25 @@ so KubeRay reaches a head's dashboard at the URL it builds (<svc>.<ns>.svc.clust
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from .client import http_ok
-from .process import free_ports
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .process import Launcher, free_ports
 
 
-def start(cp: ControlPlane) -> None:
+def start(launch: Launcher, binary: Path, hosts_file: Path) -> dict[str, int]:
+    """Start the operator with hosts_file (made from this machine's if missing) as its
+    /etc/hosts; returns the ports it took."""
     metrics, probe = free_ports(2)
-    cp.ports["kuberay-metrics"], cp.ports["kuberay-probe"] = metrics, probe
-    if not cp.hosts_file.exists():
-        cp.hosts_file.write_text(Path("/etc/hosts").read_text())
-    cp._spawn("kuberay-operator", [
+    ports = {"kuberay-metrics": metrics, "kuberay-probe": probe}
+    if not hosts_file.exists():
+        hosts_file.write_text(Path("/etc/hosts").read_text())
+    launch.spawn("kuberay-operator", [
         "unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-        str(cp.hosts_file), str(cp.binaries.kuberay_operator),
+        str(hosts_file), str(binary),
         f"--metrics-addr=127.0.0.1:{metrics}",
         f"--health-probe-bind-address=127.0.0.1:{probe}",
         "--enable-leader-election=false",
         "--log-stdout-encoder=console",
     ])
-    cp._wait(lambda: http_ok(f"http://127.0.0.1:{probe}/readyz"), 60,
-             "KubeRay operator /readyz")
+    launch.wait(lambda: http_ok(f"http://127.0.0.1:{probe}/readyz"), 60,
+                "KubeRay operator /readyz")
+    return ports

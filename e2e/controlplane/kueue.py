@@ -18,18 +18,15 @@ import fcntl
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from .binaries import cache_dir
+from .binaries import Binaries, cache_dir
 from .certs import make_serving_cert
-from .client import http_ok
+from .client import Api, http_ok
 from .errors import ControlPlaneError
-from .process import free_ports
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
+from .process import Launcher, free_ports
 
 # Kueue's integrations ("frameworks") in use -> the (API group, resource) their webhooks serve.
 FRAMEWORKS = {"ray.io/rayjob": ("ray.io", "rayjobs")}
@@ -49,43 +46,41 @@ IN_USE_FINALIZER = "kueue.x-k8s.io/resource-in-use"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 
 
-def start(cp: ControlPlane) -> None:
+def start(launch: Launcher, binaries: Binaries, state_dir: Path, pki: Path, kubeconfig: Path,
+          api: Api) -> dict[str, int]:
+    """Start Kueue (its CRDs already installed) and register its webhooks; returns the ports
+    it took."""
     webhook, metrics, health = free_ports(3)
-    cp.ports.update({"kueue-webhook": webhook, "kueue-metrics": metrics, "kueue-health": health})
-    if not any(name.endswith(f".{KUEUE_GROUP}") for name in cp.crd_names):
-        cp.crd_names += cp.install_crds(cp.kueue_crd_files())  # a control plane without CRDs
-    certs = cp.state_dir / "kueue" / "certs"
+    ports = {"kueue-webhook": webhook, "kueue-metrics": metrics, "kueue-health": health}
+    certs = state_dir / "kueue" / "certs"
     certs.mkdir(parents=True, exist_ok=True)
-    make_serving_cert(cp.pki, "kueue-webhook", "kueue-webhook", ["IP:127.0.0.1"])
-    shutil.copy(cp.pki / "kueue-webhook.crt", certs / "tls.crt")
-    shutil.copy(cp.pki / "kueue-webhook.key", certs / "tls.key")
+    make_serving_cert(pki, "kueue-webhook", "kueue-webhook", ["IP:127.0.0.1"])
+    shutil.copy(pki / "kueue-webhook.crt", certs / "tls.crt")
+    shutil.copy(pki / "kueue-webhook.key", certs / "tls.key")
     _ensure_metrics_cert(certs)
-    config = cp.state_dir / "kueue" / "config.yaml"
+    config = state_dir / "kueue" / "config.yaml"
     config.write_text(yaml.safe_dump(manager_config(webhook, metrics, health, certs)))
-    cp._spawn("kueue", [
-        str(cp.binaries.kueue),
+    launch.spawn("kueue", [
+        str(binaries.kueue),
         f"--config={config}",
-        f"--kubeconfig={cp.kubeconfig}",
+        f"--kubeconfig={kubeconfig}",
         "--zap-encoder=console",
     ])
     # Ready: the webhook server listens (Kueue's own readyz check).
-    cp._wait(lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 120, "Kueue /readyz")
-    ca = base64.b64encode((cp.pki / "ca.crt").read_bytes()).decode()
-    for obj in webhook_configurations(cp.binaries.kueue_webhooks, webhook, ca):
-        cp._request("DELETE", _path(obj, obj["metadata"]["name"]), ok=(200, 404))
-        cp._request("POST", _path(obj), obj, ok=(201,))
-    cp._wait(lambda: _webhooks_answer(cp), 60, "Kueue's webhooks through the API server")
+    launch.wait(lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 120, "Kueue /readyz")
+    ca = base64.b64encode(api.cafile.read_bytes()).decode()
+    for obj in webhook_configurations(binaries.kueue_webhooks, webhook, ca):
+        api.request("DELETE", _path(obj, obj["metadata"]["name"]), ok=(200, 404))
+        api.request("POST", _path(obj), obj, ok=(201,))
+    launch.wait(lambda: _webhooks_answer(api), 60, "Kueue's webhooks through the API server")
+    return ports
 
 
-def stop(cp: ControlPlane) -> None:
-    """Webhook configurations first: a webhook nobody answers refuses what it covers."""
-    proc = cp.processes.pop("kueue", None)
-    if proc is None:
-        return
-    if cp._request("GET", "/readyz", ok=())[0] == 200:
-        for obj in webhook_configurations(cp.binaries.kueue_webhooks, 0, ""):
-            cp._request("DELETE", _path(obj, obj["metadata"]["name"]), ok=(200, 404))
-    proc.stop()
+def remove_webhooks(api: Api, manifests: Path) -> None:
+    """Before Kueue stops: a webhook nobody answers refuses what it covers."""
+    if api.ready():
+        for obj in webhook_configurations(manifests, 0, ""):
+            api.request("DELETE", _path(obj, obj["metadata"]["name"]), ok=(200, 404))
 
 
 def manager_config(webhook: int, metrics: int, health: int, cert_dir: Path) -> dict[str, Any]:
@@ -139,10 +134,10 @@ def _in_use(hook: dict[str, Any]) -> bool:
                for resource in rule.get("resources") or [])
 
 
-def _webhooks_answer(cp: ControlPlane) -> bool:
+def _webhooks_answer(api: Api) -> bool:
     probe = {"apiVersion": f"{KUEUE_GROUP}/v1beta2", "kind": "ResourceFlavor",
              "metadata": {"name": "rlhf-e2e-webhook-probe"}}
-    status, body = cp._request("POST", f"/apis/{KUEUE_GROUP}/v1beta2/resourceflavors?dryRun=All",
+    status, body = api.request("POST", f"/apis/{KUEUE_GROUP}/v1beta2/resourceflavors?dryRun=All",
                                probe, ok=())
     return status == 201 and IN_USE_FINALIZER in (body["metadata"].get("finalizers") or [])
 

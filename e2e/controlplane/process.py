@@ -128,6 +128,29 @@ def spawn(name: str, argv: list[str], log: Path, *, cwd: Path, env: dict[str, st
     return Process(name, popen.pid, proc_start_time(popen.pid), argv, log, popen)
 
 
+@dataclass
+class Launcher:
+    """Starts a control plane's processes and waits on them: each logs to logs_dir/<name>.log,
+    runs in cwd with env, and is recorded in processes (then on_spawn is called)."""
+    logs_dir: Path
+    cwd: Path
+    env: dict[str, str]
+    with_parent: bool
+    processes: dict[str, Process]
+    on_spawn: Callable[[], None] = lambda: None
+
+    def spawn(self, name: str, argv: list[str]) -> Process:
+        proc = spawn(name, argv, self.logs_dir / f"{name}.log", cwd=self.cwd, env=self.env,
+                     with_parent=self.with_parent)
+        self.processes[name] = proc
+        self.on_spawn()
+        return proc
+
+    def wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll cond until true; fail fast when one of the processes has died."""
+        wait_until(cond, timeout, what, self.processes.values(), self.logs_dir)
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str,
                processes: Iterable[Process], logs_dir: Path) -> None:
     """Poll cond until true; fail fast when one of the processes (a live view, e.g. a dict's

@@ -9,14 +9,12 @@ a namespace pointing at it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
+from .client import Api
 from .kwok import KWOK_DIR
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
 
 API = "kueue.x-k8s.io/v1beta2"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -70,18 +68,18 @@ def local_queue(namespace: str, name: str, cluster_queue_name: str) -> dict[str,
             "spec": {"clusterQueue": cluster_queue_name}}
 
 
-def create_queues(cp: ControlPlane, namespace: str, local: str, cluster: str,
+def create_queues(api: Api, namespace: str, local: str, cluster: str,
                   gpus: Mapping[str, int]) -> None:
     """The flavors (kept if there), ClusterQueue `cluster` and LocalQueue `local` in namespace."""
     for flavor in resource_flavors():
-        cp._request("POST", f"/apis/{API}/resourceflavors", flavor, ok=(201, 409))
-    cp._request("POST", f"/apis/{API}/clusterqueues", cluster_queue(cluster, gpus), ok=(201,))
-    cp._request("POST", f"/apis/{API}/namespaces/{namespace}/localqueues",
+        api.request("POST", f"/apis/{API}/resourceflavors", flavor, ok=(201, 409))
+    api.request("POST", f"/apis/{API}/clusterqueues", cluster_queue(cluster, gpus), ok=(201,))
+    api.request("POST", f"/apis/{API}/namespaces/{namespace}/localqueues",
                 local_queue(namespace, local, cluster), ok=(201,))
 
 
-def delete_queues(cp: ControlPlane, namespace: str, local: str, cluster: str) -> None:
+def delete_queues(api: Api, namespace: str, local: str, cluster: str) -> None:
     """The queues of create_queues (Kueue lets them go once no Workload uses them)."""
-    cp._request("DELETE", f"/apis/{API}/namespaces/{namespace}/localqueues/{local}",
+    api.request("DELETE", f"/apis/{API}/namespaces/{namespace}/localqueues/{local}",
                 ok=(200, 404))
-    cp._request("DELETE", f"/apis/{API}/clusterqueues/{cluster}", ok=(200, 404))
+    api.request("DELETE", f"/apis/{API}/clusterqueues/{cluster}", ok=(200, 404))

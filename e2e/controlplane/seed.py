@@ -12,67 +12,53 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .binaries import cache_dir
-from .crds import wait_established
 from .process import prune
-
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
 
 SEED_FORMAT = "1"
 SEEDS_KEPT = 4
 
 
-def seed_key(cp: ControlPlane) -> str:
+def seed_key(versions: dict[str, str], crd_files: Iterable[Path]) -> str:
     h = hashlib.sha256(f"seed-{SEED_FORMAT}".encode())
-    h.update(json.dumps(cp.versions, sort_keys=True).encode())
-    for f in [*cp.kuberay_crd_files(), *cp.kueue_crd_files(), *cp.repo_crd_files()]:
+    h.update(json.dumps(versions, sort_keys=True).encode())
+    for f in crd_files:
         h.update(f"{f.name}\0".encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
-def etcd_seed(cp: ControlPlane) -> Path:
-    """The seed for cp's versions and CRD files, made first if there is none yet."""
+# Installs the CRDs in a control plane of its own in the directory given, stops it gracefully
+# (etcd's files are consistent) and returns its CRD names and refusals (see crds.install_all).
+MakeSeed = Callable[[Path], tuple[Sequence[str], dict[str, str]]]
+
+
+def etcd_seed(key: str, make: MakeSeed, log: Callable[[str], None]) -> Path:
+    """The seed of that key (see seed_key), made first with make(<dir>) if there is none yet."""
     seeds = cache_dir() / "etcd-seeds"
     seeds.mkdir(parents=True, exist_ok=True)
-    key = seed_key(cp)
     seed = seeds / key
     if (seed / "crds.json").exists():
         os.utime(seed)
         return seed
-    cp.log(f"making etcd seed {key} (installs the CRDs once for this set of CRD files)")
+    log(f"making etcd seed {key} (installs the CRDs once for this set of CRD files)")
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=seeds))
-    seeder = type(cp)(
-        tmp / "run", controller_manager=False, scheduler=False, kwok=False, kuberay=False,
-        kueue=False, crds=True, build=False, seed=False, crd_paths=cp.extra_crd_paths,
-        die_with_parent=cp.die_with_parent, log=cp.log, binaries=cp.binaries)
+    names, errors = make(tmp / "run")
+    (tmp / "run" / "etcd").rename(tmp / "etcd")
+    (tmp / "crds.json").write_text(json.dumps({"names": list(names), "errors": errors}, indent=2))
+    shutil.rmtree(tmp / "run")
     try:
-        seeder.start()
-        seeder.stop(keep_state=True)  # graceful stop: etcd's files are consistent
-        (tmp / "run" / "etcd").rename(tmp / "etcd")
-        (tmp / "crds.json").write_text(json.dumps(
-            {"names": seeder.crd_names, "errors": seeder.crd_errors}, indent=2))
-        shutil.rmtree(tmp / "run")
-        try:
-            tmp.rename(seed)
-        except OSError:  # another session made the same seed meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        seeder.stop(keep_state=True)
-        raise
+        tmp.rename(seed)
+    except OSError:  # another session made the same seed meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
     prune(seeds, keep=SEEDS_KEPT)
     return seed
 
 
-def crds_from_seed(cp: ControlPlane, seed: Path) -> None:
-    """Take the CRD names and refusals recorded in the seed; wait until they are Established."""
+def crds_from_seed(seed: Path) -> tuple[list[str], dict[str, str]]:
+    """The CRD names and refusals recorded in the seed."""
     info = json.loads((seed / "crds.json").read_text())
-    cp.crd_names = list(info["names"])
-    cp.crd_errors.update(info["errors"])
-    for f, err in cp.crd_errors.items():
-        cp.log(f"CRD {f} was refused by the API server:\n{err}")
-    wait_established(cp, cp.crd_names)
+    return list(info["names"]), dict(info["errors"])

@@ -5,40 +5,43 @@ attach to a running control plane and stop it by PID."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
 import yaml
 
 from .process import Process
 
-if TYPE_CHECKING:
-    from .cluster import ControlPlane
 
-
-def save_state(cp: ControlPlane) -> None:
-    if not cp.state_dir.exists():
+def save_state(state_file: Path, *, server: str | None, kubeconfig: Path, ports: dict[str, int],
+               versions: dict[str, str], timings: dict[str, float], fake_nodes: list[str],
+               processes: dict[str, Process]) -> None:
+    if not state_file.parent.exists():
         return
     state = {
-        "server": cp.server if "kube-apiserver" in cp.ports else None,
-        "kubeconfig": str(cp.kubeconfig),
-        "ports": cp.ports,
-        "versions": cp.versions,
-        "timings": cp.timings,
-        "fake_nodes": cp.fake_nodes,
-        "processes": [p.to_json() for p in cp.processes.values()],
+        "server": server,
+        "kubeconfig": str(kubeconfig),
+        "ports": ports,
+        "versions": versions,
+        "timings": timings,
+        "fake_nodes": fake_nodes,
+        "processes": [p.to_json() for p in processes.values()],
     }
-    tmp = cp.state_file.with_suffix(".tmp")
+    tmp = state_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(cp.state_file)
+    tmp.replace(state_file)
 
 
-def load_state(cp: ControlPlane) -> None:
-    """Fill a fresh ControlPlane from its state dir: ports, processes, the admin token."""
-    state = json.loads(cp.state_file.read_text())
-    cp.ports = state["ports"]
-    cp.timings = state.get("timings", {})
-    cp.fake_nodes = state.get("fake_nodes", [])
-    cp.processes = {p["name"]: Process.from_json(p) for p in state["processes"]}
-    cfg = yaml.safe_load(cp.kubeconfig.read_text()) if cp.kubeconfig.exists() else {}
+def load_state(state_file: Path, kubeconfig: Path) -> dict[str, Any]:
+    """What save_state wrote (ports, timings, fake_nodes, processes) and the admin token of the
+    kubeconfig."""
+    state = json.loads(state_file.read_text())
+    cfg = yaml.safe_load(kubeconfig.read_text()) if kubeconfig.exists() else {}
     users = (cfg or {}).get("users") or [{}]
-    cp.token = users[0].get("user", {}).get("token", "")
+    return {
+        "ports": state["ports"],
+        "timings": state.get("timings", {}),
+        "fake_nodes": state.get("fake_nodes", []),
+        "processes": {p["name"]: Process.from_json(p) for p in state["processes"]},
+        "token": users[0].get("user", {}).get("token", ""),
+    }

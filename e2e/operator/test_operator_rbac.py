@@ -62,7 +62,7 @@ def granted(docs: list[dict]) -> set[tuple[str, str, str]]:
 
 def audited(control_plane, service_account: str) -> list[dict]:
     user = f"system:serviceaccount:{NAMESPACE}:{service_account}"
-    lines = apiserver.audit_log(control_plane).read_text().splitlines()
+    lines = apiserver.audit_log(control_plane.state_dir).read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["user"]["username"] == user and "objectRef" in e]
 
 
