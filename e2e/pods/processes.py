@@ -2,8 +2,9 @@
 
 The image is this machine's filesystem with the project's virtualenv in place of the trainer image's
 /opt/venv. Inside the container's mount namespace:
-- /root is an empty tmpfs with only the virtualenv and its base Python bound back at their paths
-  (scripts' shebangs name them): uid 1000 can read them, and nothing else of root's home is seen;
+- /root is an empty tmpfs with only the virtualenv, its base Python and the project's checkout bound
+  back at their paths (scripts' shebangs name them): uid 1000 can read them, and nothing else of
+  root's home is seen; those in /tmp are bound back into the pod's own /tmp;
 - /etc/profile is the image's (Ubuntu's leaves PATH alone; this machine's Debian one resets it,
   and KubeRay runs every command in `bash -l`);
 - /etc/hosts and /etc/resolv.conf are the pod network's (network.py), /tmp the pod's own, HOME the user's;
@@ -29,6 +30,7 @@ from e2e.pods.users import Identity
 
 VENV = Path(sys.prefix).resolve()
 BASE_PYTHON = Path(sys.base_prefix).resolve()
+REPO = Path(__file__).resolve().parents[2]  # the venv imports the project from its checkout (an editable install)
 IMAGE_HOME = "/home/ray"
 IMAGE_PATH = f"{VENV / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMAGE_PROFILE = 'for i in /etc/profile.d/*.sh; do [ -r "$i" ] && . "$i"; done\n'
@@ -89,12 +91,18 @@ def image_script(root: Path, hosts: Path, resolv: Path, home: Path) -> str:
     stage = root / "image-root"
     stage.mkdir(exist_ok=True)
     lines = [f"mount -t tmpfs -o mode=755 tmpfs {q(str(stage))}"]
-    for path in (BASE_PYTHON, VENV):
+    # What the image holds stays at its path wherever this machine has it: in root's home (bound into
+    # the new /root) or in /tmp (bound into the pod's own /tmp: tmp_target).
+    for path in (BASE_PYTHON, VENV, REPO):
         if path.is_relative_to("/root"):
             inside = q(str(stage / path.relative_to("/root")))
-            lines += [f"mkdir -p {inside}", f"mount --bind {q(str(path))} {inside}"]
-    lines += [f"mount --move {q(str(stage))} /root",f"mount --bind {q(str(profile))} /etc/profile", f"mount --bind {q(str(hosts))} /etc/hosts",
-              f"mount --bind {q(str(resolv))} /etc/resolv.conf",
+        elif path.is_relative_to("/tmp"):
+            inside = q(tmp_target(root, str(path)))
+        else:
+            continue
+        lines += [f"mkdir -p {inside}", f"mount --bind {q(str(path))} {inside}"]
+    lines += [f"mount --move {q(str(stage))} /root", f"mount --bind {q(str(profile))} /etc/profile",
+              f"mount --bind {q(str(hosts))} /etc/hosts", f"mount --bind {q(str(resolv))} /etc/resolv.conf",
               "mountpoint -q /home || mount -t tmpfs -o mode=755 tmpfs /home", f"mkdir -p {IMAGE_HOME}",
               f"mount --bind {q(str(home))} {IMAGE_HOME}"]
     return "".join(line + "\n" for line in lines)
