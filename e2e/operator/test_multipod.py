@@ -222,3 +222,26 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     assert job["status"]["progress"]["step"] == steps and job["status"]["lastCheckpoint"]["step"] == steps
     print(f"pod runtime retry: worker pod {victim.metadata.name} killed after step {max(logged)} of {steps}; "
           f"attempt 2 resumed from step {saved}")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path, says", [
+    ("/home/ray/checkpoints", "is not one directory shared by the Ray nodes"),  # each pod's own disk
+    ("/checkpoints", "cannot be written: Permission denied"),  # not even that: uid 1000 cannot create it
+])
+def test_without_a_checkpoint_claim_the_job_fails_before_any_model_loads(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path, path, says):
+    """Model groups on worker pods and checkpoint.path on no claim: the job fails with the trainer's
+    reason, saying to set checkpoint.pvc, before any model loads; never a checkpoint split over pods."""
+    operator.start()
+    started = time.monotonic()
+    ray_state = RayState(kube_api.core, namespace)
+    apply_job(control_plane, kube_api.core, namespace, tmp_path, tiny_model, "nopvc", STEPS,
+              checkpoint={"path": path, "intervalSteps": INTERVAL})
+    job = wait_end(kube, namespace, "nopvc", pod_runtime, started)
+    ray_state.done.set()
+    assert job["status"]["phase"] == "Failed", job["status"]
+    message = job["status"]["message"]
+    assert f"CheckpointNotShared: checkpoint.path {path} {says}" in message, message
+    assert "checkpoint.pvc" in message
+    assert not {kind for kind, _ in ray_state.actors.values()} & MODEL_ACTORS, ray_state.actors  # nothing loaded
