@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -25,6 +29,9 @@ from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.kubelet import NODE_LABEL
+from e2e.pods.volumes import Mount, bind_script
+from e2e.storage import claim_directory, sub_path
+from rlhf_api import contract
 from tests.trainer.run_probes import newest
 
 STEPS, INTERVAL = 2, 2
@@ -178,6 +185,45 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
         assert ray_state.nodes[ip]["CPU"] == 2 and ray_state.nodes[ip]["memory"] == 5 * 2**30, ray_state.nodes
     # The checkpoint every pod wrote to is on the one shared claim.
     assert (checkpoints / "multipod" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
+
+    # One job, two places, one answer: the job file the trainer read in the cluster, run by `rlhf run` on
+    # one local Ray node, reports the same reward, loss and KL at every step.
+    here = run_locally(core, namespace, rayjob, tmp_path / "local")
+    there = [json.loads(line) for line in (checkpoints / "multipod" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in here] == [m["step"] for m in there] == list(range(1, STEPS + 1))
+    for local, cluster in zip(here, there):
+        for metric in ("reward_mean", "policy_loss", "kl"):
+            assert local[metric] == pytest.approx(cluster[metric], rel=1e-5, abs=1e-7), (metric, local, cluster)
+
+
+def run_locally(core, namespace: str, rayjob: dict, checkpoints: Path) -> list[dict]:
+    """`rlhf run` of the job's own file (its ConfigMap), on this machine, in a mount namespace holding what the
+    head pod mounts at the same paths (the job file, the reward code, the model claim), but a checkpoint
+    directory of its own; returns its metrics.jsonl rows."""
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in head["volumes"]}
+    mounts, files = [], checkpoints.parent / "volumes"
+    for mount in head["containers"][0]["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            source = files / mount["name"]
+            source.mkdir(parents=True, exist_ok=True)
+            for key, text in core.read_namespaced_config_map(volume["configMap"]["name"], namespace).data.items():
+                (source / key).write_text(text)
+        elif "persistentVolumeClaim" in volume and mount["name"] != "checkpoints":
+            source = claim_directory(core, namespace, volume["persistentVolumeClaim"]["claimName"])
+        elif mount["name"] == "checkpoints":
+            source, mount = checkpoints, {**mount, "subPath": ""}
+        else:
+            continue  # /dev/shm: this machine's
+        mounts.append(Mount(sub_path(source, mount.get("subPath", "")), mount["mountPath"]))
+    checkpoints.mkdir(parents=True)
+    script = bind_script(sorted(mounts, key=lambda m: m.target.count("/")))
+    command = shlex.join([sys.executable, "-m", "rlhf_operator.cli", "run", contract.JOB_CONFIG_PATH])
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", f"set -e\n{script}exec {command}"],
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, cwd=checkpoints, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in (checkpoints / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
 def steps_logged(run_dir: Path) -> list[int]:
