@@ -1,7 +1,7 @@
 """The product's promise in one test: `kubectl apply` a job, watch it train, read its numbers in `kubectl get`.
 
 The control plane, the operator and the trainer are real. No container runtime exists here, so
-e2e/podruntime.py plays the head pod: it mounts the job's volumes where the pod spec says (its
+e2e/pods/head.py plays the head pod: it mounts the job's volumes where the pod spec says (its
 ConfigMaps, its PersistentVolumeClaims bound to local volumes, a real ServiceAccount token), starts
 a real Ray head, submits the RayJob's entrypoint through Ray's Jobs API and writes the RayJob
 status KubeRay would (see that module for what it does not do).

@@ -2,7 +2,7 @@
 
 Real KubeRay makes the Ray cluster's pods (kwok runs them); the real API server enforces
 PodSecurity on a namespace labelled for it. The trainer's own output comes from a real run whose
-head pod e2e/podruntime.py plays (real KubeRay paused meanwhile).
+head pod e2e/pods/head.py plays (real KubeRay paused meanwhile).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_gone, wait_phase
 from e2e.operator.tiny import reward_config_map, tiny_job
-from e2e.podruntime import HeadPod
+from e2e.pods.head import HeadPod
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
 from rlhf_operator import names

@@ -1,7 +1,7 @@
 """Jobs on PersistentVolumeClaims: a claim that is not Bound keeps the head pod from starting, and jobs
 sharing one checkpoint claim each write under their own `<job name>/` and resume only from there.
 
-Real control plane, operator and trainer; the head pods are played by e2e/podruntime.py, which
+Real control plane, operator and trainer; the head pods are played by e2e/pods/head.py, which
 mounts a claim's local volume (e2e/storage.py) as a kubelet would.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from e2e.operator.jobs import wait_gone, wait_phase
 from e2e.operator.tiny import reward_config_map, run_head, tiny_job
-from e2e.podruntime import HeadPod
+from e2e.pods.head import HeadPod
 from e2e.storage import STORAGE_CLASS, VolumeNotReady, local_claim
 
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the shared claim

@@ -1,7 +1,7 @@
 """A model worker SIGKILLed under the operator, with backoffLimit 1: KubeRay's retry resumes the run
 from its newest checkpoint on the claim, and the RLHFJob says which attempt it is on.
 
-Real control plane, operator and trainer. The head pods are played by e2e/podruntime.py, which
+Real control plane, operator and trainer. The head pods are played by e2e/pods/head.py, which
 also does KubeRay's part of the retry as KubeRay v1.6 does it (the RayJob Running -> Retrying ->
 New -> Initializing with a new cluster and submission id, status.failed counting attempts; see
 e2e/operator/kuberay.py).
@@ -22,7 +22,7 @@ from urllib3.exceptions import ProtocolError
 
 from e2e.operator.jobs import wait_events, wait_phase
 from e2e.operator.tiny import reward_config_map, tiny_job
-from e2e.podruntime import HeadPod
+from e2e.pods.head import HeadPod
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
 from tests.trainer.run_probes import newest, ray_actor_pids

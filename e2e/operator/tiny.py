@@ -1,6 +1,6 @@
 """The tiny CPU GRPO example (manifests/examples/tiny-grpo-cpu-job.yaml) as an RLHFJob of a test, run for real.
 
-Its head pod is played on this machine by e2e/podruntime.py; a run of a few steps takes 1-2 minutes.
+Its head pod is played on this machine by e2e/pods/head.py; a run of a few steps takes 1-2 minutes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from e2e.operator.jobs import wait_phase
-from e2e.podruntime import HeadPod
+from e2e.pods.head import HeadPod
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"

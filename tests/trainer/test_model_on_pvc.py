@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2e.podruntime import bind_script
+from e2e.pods.volumes import bind_script
 from rlhf_api.validation import validate
 from rlhf_operator import render
 from rlhf_trainer.paths import model_path
