@@ -11,6 +11,7 @@ the RayJob status, from which the operator writes the RLHFJob's.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import shlex
@@ -29,8 +30,8 @@ from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.kubelet import NODE_LABEL
-from e2e.pods.volumes import Mount, bind_script
-from e2e.storage import claim_directory, sub_path
+from e2e.pods.volumes import bind_script, container_mounts, make_sub_paths, make_volumes, memory_tmpfs
+from e2e.storage import local_claim, sub_path
 from rlhf_api import contract
 from tests.trainer.run_probes import newest
 
@@ -44,24 +45,6 @@ def tiny_model(tmp_path_factory) -> Path:
     from rlhf_trainer.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def shared_claim(core, namespace: str, claim: str, directory: Path) -> Path:
-    """A hostPath PersistentVolume (every pod of this machine's node mounts it) and its Bound claim."""
-    directory.mkdir(parents=True)
-    owner = core.read_namespace(namespace).metadata
-    volume = f"{namespace}-{claim}"
-    core.create_persistent_volume({
-        "metadata": {"name": volume, "ownerReferences": [
-            {"apiVersion": "v1", "kind": "Namespace", "name": owner.name, "uid": owner.uid}]},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "shared-e2e",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)}}})
-    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": claim}, "spec": {
-        "accessModes": ["ReadWriteMany"], "storageClassName": "shared-e2e", "volumeName": volume,
-        "resources": {"requests": {"storage": "1Gi"}}}})
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase == "Bound",
-             60, f"claim {claim} Bound")
-    return directory
 
 
 class RayState:
@@ -102,12 +85,12 @@ class RayState:
 
 
 def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
-              interval: int = INTERVAL, **spec) -> Path:
-    """The tiny GRPO job on a head and two CPU worker pods of the runtime's node: the model and the
-    checkpoints on claims every pod mounts; returns the checkpoint volume's directory."""
-    models = shared_claim(core, namespace, "models", tmp_path / "models-volume")
+              node: str, interval: int = INTERVAL, **spec) -> Path:
+    """The tiny GRPO job on a head and two CPU worker pods of the runtime's `node`: the model and the
+    checkpoints on claims of that node that every pod mounts; returns the checkpoint volume's directory."""
+    models = local_claim(core, namespace, "models", tmp_path / "models-volume", node=node)
     shutil.copytree(tiny_model, models / "tiny")
-    checkpoints = shared_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
+    checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", node=node)
     job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
                         checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
@@ -142,7 +125,7 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS)
+    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS, pod_runtime.node)
 
     # Every pod KubeRay and the Job controller create runs here: head, two workers, the submitter.
     def pods_by_kind() -> dict[str, list]:
@@ -196,34 +179,25 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
             assert local[metric] == pytest.approx(cluster[metric], rel=1e-5, abs=1e-7), (metric, local, cluster)
 
 
-def run_locally(core, namespace: str, rayjob: dict, checkpoints: Path) -> list[dict]:
-    """`rlhf run` of the job's own file (its ConfigMap), on this machine, in a mount namespace holding what the
-    head pod mounts at the same paths (the job file, the reward code, the model claim), but a checkpoint
-    directory of its own; returns its metrics.jsonl rows."""
-    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    volumes = {volume["name"]: volume for volume in head["volumes"]}
-    mounts, files = [], checkpoints.parent / "volumes"
-    for mount in head["containers"][0]["volumeMounts"]:
-        volume = volumes[mount["name"]]
-        if "configMap" in volume:
-            source = files / mount["name"]
-            source.mkdir(parents=True, exist_ok=True)
-            for key, text in core.read_namespaced_config_map(volume["configMap"]["name"], namespace).data.items():
-                (source / key).write_text(text)
-        elif "persistentVolumeClaim" in volume and mount["name"] != "checkpoints":
-            source = claim_directory(core, namespace, volume["persistentVolumeClaim"]["claimName"])
-        elif mount["name"] == "checkpoints":
-            source, mount = checkpoints, {**mount, "subPath": ""}
-        else:
-            continue  # /dev/shm: this machine's
-        mounts.append(Mount(sub_path(source, mount.get("subPath", "")), mount["mountPath"]))
-    checkpoints.mkdir(parents=True)
-    script = bind_script(sorted(mounts, key=lambda m: m.target.count("/")))
+def run_locally(core, namespace: str, rayjob: dict, root: Path) -> list[dict]:
+    """`rlhf run` of the job's own file (its ConfigMap), on this machine, in a mount namespace holding the head
+    pod's volumes at its mount paths (e2e/pods/volumes.py), but the checkpoint claim swapped for a directory of
+    its own (a run on the claim would resume from the cluster's); returns its metrics.jsonl rows."""
+    head = copy.deepcopy(rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"])
+    for volume in head["volumes"]:
+        if volume["name"] == "checkpoints":
+            del volume["persistentVolumeClaim"]
+            volume["emptyDir"] = {}
+    volumes, container = make_volumes(core, namespace, head, root), head["containers"][0]
+    make_sub_paths(container, volumes)
+    script = bind_script(container_mounts(container, volumes, token=None), memory_tmpfs(volumes))
     command = shlex.join([sys.executable, "-m", "rlhf_operator.cli", "run", contract.JOB_CONFIG_PATH])
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", f"set -e\n{script}exec {command}"],
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, cwd=checkpoints, capture_output=True, text=True)
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in (checkpoints / "logs" / "metrics.jsonl").read_text().splitlines()]
+    [mount] = [mount for mount in container["volumeMounts"] if mount["name"] == "checkpoints"]
+    metrics = sub_path(volumes["checkpoints"].path, mount.get("subPath", "")) / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -240,7 +214,7 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, interval,
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, pod_runtime.node, interval,
                         backoffLimit=1) / "podkill"
     victim_ip = wait_for(lambda: next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"),
                                       None), 600, "Ray to place a ModelWorker")
@@ -282,7 +256,7 @@ def test_without_a_checkpoint_claim_the_job_fails_before_any_model_loads(
     operator.start()
     started = time.monotonic()
     ray_state = RayState(kube_api.core, namespace)
-    apply_job(control_plane, kube_api.core, namespace, tmp_path, tiny_model, "nopvc", STEPS,
+    apply_job(control_plane, kube_api.core, namespace, tmp_path, tiny_model, "nopvc", STEPS, pod_runtime.node,
               checkpoint={"path": path, "intervalSteps": INTERVAL})
     job = wait_end(kube, namespace, "nopvc", pod_runtime, started)
     ray_state.done.set()
