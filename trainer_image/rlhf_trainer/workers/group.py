@@ -164,8 +164,9 @@ def create_placement_group(placement: Placement, timeout: float = PLACEMENT_TIME
     ready, _ = ray.wait([group.ready()], timeout=timeout)
     if not ready:
         remove_placement_group(group)
-        nodes = "; ".join(f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: {_free(node['NodeID'])}"
-                          for node in ray.nodes() if node["Alive"])
+        free = ray._private.state.available_resources_per_node()  # noqa: SLF001 - Ray's own view, once
+        nodes = "; ".join(f"node {node['NodeID'][:12]} at {node['NodeManagerAddress']}: "
+                          f"{_cpus_and_gpus(free.get(node['NodeID'], {}))}" for node in ray.nodes() if node["Alive"])
         hint = ("give the worker pods at least one CPU per GPU (resources.worker.cpu)" if placement.use_gpu
                 else "give the worker pods more CPUs (resources.worker.cpu), or run fewer ranks")
         raise PlacementTimeout(
@@ -175,9 +176,8 @@ def create_placement_group(placement: Placement, timeout: float = PLACEMENT_TIME
     return group
 
 
-def _free(node_id: str) -> str:
-    free = ray._private.state.available_resources_per_node().get(node_id, {})  # noqa: SLF001 - Ray's own view
-    return ", ".join(f"{kind} {free.get(kind, 0):g}" for kind in ("CPU", "GPU"))
+def _cpus_and_gpus(resources: dict[str, float]) -> str:
+    return ", ".join(f"{kind} {resources.get(kind, 0):g}" for kind in ("CPU", "GPU"))
 
 
 def _on_bundle(group: PlacementGroup, placement: Placement, bundle: int, **extra) -> dict:
