@@ -75,6 +75,22 @@ def test_a_watched_copy_older_than_our_own_status_write_does_not_hide_a_change(k
     assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
 
 
+def test_an_older_ray_job_copy_does_not_undo_a_newer_mirror(kube, namespace, operator_client):
+    """Two handlers at once, as at operator start: a RayJob event mirrors KubeRay's newest status
+    while a reconcile of the job holds an older RayJob copy from its index. Whichever writes last
+    must not put the older state back (it did: the job stayed Pending until the next resync, and
+    test_operator_crash.py's restart after the status write failed once in CI)."""
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(created))
+    job = get_job(kube, namespace, "tiny")  # Pending, RayJobCreated: both handlers' copy of the job
+    indexed = kube.get("RayJob", namespace, "tiny")  # the reconcile's copy, from before KubeRay wrote
+    reconcile.mirror(kopf.Body(job), RayJobStatus(kube, namespace, "tiny").initializing(), None)
+    assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
+
+    reconcile.mirror(kopf.Body(job), indexed, 1)
+    assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
+
+
 def test_a_status_write_conflict_is_recomputed_and_posted_once(kube, namespace, trainer, monkeypatch):
     stale = create_job(kube, namespace, rlhf_job("tiny"))
     racing = RacingKube(kube.api_client, trainer, races=1)

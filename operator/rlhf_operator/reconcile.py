@@ -145,8 +145,9 @@ def record(body: Any, observation: status.Observation, generation: int | None,
     """Write the status fields the operator owns, then post an Event if the phase or reason moved.
 
     The write is a merge patch of our fields only (the trainer's progress and metrics stay), made
-    conditional on the resourceVersion it was computed from; on a conflict it is recomputed, from
-    observe_again(the job as it is now) if given (what was observed may be as old as the job was).
+    conditional on the resourceVersion it was computed from; on a conflict, or when the job as we last
+    wrote it is newer than `body`, it is recomputed, from observe_again(that job) if given (what was
+    observed may be as old as the job was).
     """
     client = kube.client()
     meta = body["metadata"]
@@ -157,8 +158,11 @@ def record(body: Any, observation: status.Observation, generation: int | None,
         ours = _written.get(meta["uid"])
         if not patch and ours is not None and ours["metadata"]["resourceVersion"] != meta["resourceVersion"]:
             # Read our own writes: compare with the job as we last wrote it (if that is stale in turn,
-            # the conditional write below conflicts and the job is read afresh).
+            # the conditional write below conflicts and the job is read afresh). That write may have
+            # come from a newer RayJob than this observation did (another handler's): observe again.
             body, meta = ours, ours["metadata"]
+            if observe_again is not None:
+                observation = observe_again(body)
             continue
         if not patch:
             return
