@@ -21,6 +21,14 @@ Passthrough = Annotated[
 ]
 DateTime = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 
+# Names of Kubernetes objects (Kubernetes' own validation rules). A reference to another object must
+# be one: the operator joins it into an API path, where "../../kube-system/configmaps/x" would reach
+# another namespace's object.
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # at most 63
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"  # at most 253
+# ConfigMap, Secret, PersistentVolumeClaim, PriorityClass.
+ObjectName = Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]
+
 
 def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> ConfigDict:
     """Model config carrying CEL rules: (rule, message[, fieldPath relative to this object])."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import APIModel, cel
+from .base import APIModel, ObjectName, cel
 from .reward import ENTRYPOINT_PATTERN
 
 
@@ -15,8 +15,8 @@ class EnvironmentClass(APIModel):
 
     entrypoint: str = Field(pattern=ENTRYPOINT_PATTERN, max_length=512)
     """module:Class importable in the image, or file.py:Class (relative to the ConfigMap or the job file's directory)."""
-    config_map: str | None = Field(None, max_length=253)
-    """ConfigMap whose keys are Python files; it is mounted and put on the import path (the operator waits for it as for a reward's)."""
+    config_map: ObjectName | None = None
+    """Name of the ConfigMap whose keys are Python files; it is mounted and put on the import path (the operator waits for it as for a reward's)."""
 
 
 class EnvironmentHTTP(APIModel):

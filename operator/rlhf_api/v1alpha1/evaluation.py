@@ -6,16 +6,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import APIModel, cel
+from .base import DNS_LABEL, APIModel, cel
 from .data import DatasetSource
 
-EVAL_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class EvalDataset(APIModel):
     """One evaluation set: prompts (with labels for the reward) read like spec.data.prompts."""
 
-    name: str = Field(pattern=EVAL_NAME, max_length=63)
+    name: str = Field(pattern=DNS_LABEL, max_length=63)
     """Name of the set; its metrics are eval/<name>/mean_reward and eval/<name>/pass@<k>."""
     sources: list[DatasetSource] = Field(min_length=1, max_length=16)
     """The datasets to mix."""

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from .. import algorithms, contract
 from ..algorithms import cel_list, prose
-from .base import API_VERSION, KIND, APIModel, DateTime, cel, immutable
+from .base import API_VERSION, DNS_SUBDOMAIN, KIND, APIModel, DateTime, cel, immutable
 from .data import PREFERENCES, DataSpec
 from .environment import EnvironmentSpec
 from .evaluation import EvaluationSpec
@@ -115,8 +115,8 @@ class RLHFJobSpec(APIModel):
     """Fail an attempt whose Ray cluster and training job are not running this long after KubeRay began to start it (pods unschedulable, images not pulled...; KubeRay's preRunningDeadlineSeconds). Unset: wait, with the reason in status."""
     backoff_limit: int = Field(0, ge=0, le=100)
     """Retries of the whole run after a failure (each resumes from the newest checkpoint)."""
-    # The RayJob carries it as the label kueue.x-k8s.io/queue-name: a label value.
-    queue_name: str | None = Field(None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", json_schema_extra={"x-kubernetes-validations": [
+    # A LocalQueue's name, and the RayJob carries it as the label kueue.x-k8s.io/queue-name: a label value.
+    queue_name: str | None = Field(None, max_length=63, pattern=DNS_SUBDOMAIN, json_schema_extra={"x-kubernetes-validations": [
         {"rule": "self == oldSelf", "message": QUEUE_IMMUTABLE}]})
     """Kueue LocalQueue in the job's namespace (a name of at most 63 characters); the job is created suspended and Kueue admits it when the queue has quota."""
 

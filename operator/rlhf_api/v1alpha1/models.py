@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import APIModel, cel
+from .base import APIModel, ObjectName, cel
 
 
 
@@ -33,7 +33,7 @@ class LoRASpec(APIModel):
 class PVCSource(APIModel):
     """A PersistentVolumeClaim mounted read-only into every Ray pod."""
 
-    claim_name: str = Field(max_length=253)
+    claim_name: ObjectName
     """Name of the PersistentVolumeClaim in the job's namespace."""
     sub_path: str = Field("", max_length=1024)
     """Directory inside the volume that holds the model."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ..contract import POD_INTERFACE
-from .base import APIModel, Passthrough, Quantity, cel, section
+from .base import APIModel, ObjectName, Passthrough, Quantity, cel, section
 
 
 
@@ -90,7 +90,7 @@ class ResourcesSpec(APIModel):
     """Trainer image for the Ray head and workers; unset: the cluster's default, set by the operator's installation (chart value trainerImage)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy."""
-    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
+    image_pull_secrets: list[ObjectName] = Field(default_factory=list, max_length=16)
     """Names of Secrets used to pull the image."""
     nodes: int = Field(1, ge=1, le=1024)
     """GPU worker pods (one per node)."""
@@ -120,7 +120,7 @@ class ResourcesSpec(APIModel):
     """Environment of the trainer and workers (e.g. HF_TOKEN from a Secret); a variable set here replaces the operator's own of that name (e.g. NCCL_SOCKET_IFNAME, see rdma.socketIfname)."""
     env_from: list[Passthrough] = Field(default_factory=list, max_length=16)
     """Environment from ConfigMaps or Secrets (core/v1 EnvFromSource), by reference."""
-    priority_class_name: str | None = Field(None, max_length=253)
+    priority_class_name: ObjectName | None = None
     """PriorityClass of the pods."""
 
 
@@ -130,8 +130,8 @@ class ResourcesSpec(APIModel):
 class CheckpointSpec(APIModel):
     """Checkpointing and resume."""
 
-    pvc: str | None = Field(None, max_length=253)
-    """PersistentVolumeClaim mounted at path on every pod, at the volume's subdirectory named after the job: jobs sharing a claim never see each other's checkpoints, and a job re-created under the same name resumes from its predecessor's (set resume: false to start over). Without it, checkpoints live in the pod and die with it."""
+    pvc: ObjectName | None = None
+    """Name of the PersistentVolumeClaim mounted at path on every pod, at the volume's subdirectory named after the job: jobs sharing a claim never see each other's checkpoints, and a job re-created under the same name resumes from its predecessor's (set resume: false to start over). Without it, checkpoints live in the pod and die with it."""
     path: str = Field("/checkpoints", max_length=1024)
     """Directory for checkpoints and the final model."""
     interval_steps: int = Field(0, ge=0)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import APIModel, cel
+from .base import DNS_LABEL, APIModel, ObjectName, cel
 
 # module:name importable in the image, or file.py:name (function rewards and environment classes).
 ENTRYPOINT_PATTERN = r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$"
@@ -15,8 +15,8 @@ ENTRYPOINT_PATTERN = r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$"
 class SecretKeyRef(APIModel):
     """A key of a Secret in the job's namespace; its value is never copied into the job."""
 
-    name: str = Field(max_length=253)
-    """Secret name."""
+    name: ObjectName
+    """Name of the Secret."""
     key: str = Field(max_length=253)
     """Key within the Secret."""
 
@@ -26,8 +26,8 @@ class FunctionReward(APIModel):
 
     entrypoint: str = Field(pattern=ENTRYPOINT_PATTERN, max_length=512)
     """module:function importable in the image, or file.py:function (relative to the ConfigMap or the job file's directory)."""
-    config_map: str | None = Field(None, max_length=253)
-    """ConfigMap whose keys are Python files; it is mounted and put on the import path."""
+    config_map: ObjectName | None = None
+    """Name of the ConfigMap whose keys are Python files; it is mounted and put on the import path."""
 
 
 class HTTPReward(APIModel):
@@ -55,7 +55,7 @@ class RewardSource(APIModel):
         ("self.type == 'http' || !has(self.http)", "http is set but type is not http; set type: http or remove http"),
     )
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    name: str = Field(pattern=DNS_LABEL, max_length=63)
     """Name of the source; its mean reward is reported under this name."""
     type: Literal["model", "function", "http"]
     """model: spec.models.reward scores the completion; function: a Python function; http: a remote service."""
