@@ -2,7 +2,10 @@
 time, a 408, 429 or 5xx status, or an answer `read` refuses by raising Retry. Each retry waits as
 backoff.Backoff says (the server's Retry-After when it sends one, else exponential with jitter);
 once the retries are used up the error quotes the last failure. Other 4xx answers fail at once (the
-request itself is wrong). The HTTP reward sources and environments both call services this way."""
+request itself is wrong), and so do redirects: they are not followed, since urllib would re-send the
+request, Authorization header included, to whatever host the answer names (https to http included).
+Errors show the URL without its credentials (redact.url). The HTTP reward sources and environments
+both call services this way."""
 
 from __future__ import annotations
 
@@ -13,10 +16,19 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, TypeVar
 
+from . import redact
 from .backoff import Backoff, retry_after
 
 SHOWN = 200  # characters of an answer quoted in an error
 T = TypeVar("T")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any) -> None:
+        return None  # urlopen raises the 3xx answer as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _retryable(status: int) -> bool:
@@ -45,17 +57,21 @@ def post_json(url: str, payload: dict[str, Any], *, timeout: float, retries: int
             last = failure
             if attempt < retries:
                 sleep(backoff.delay(attempt, failure.wait))
-    raise RuntimeError(f"POST {url} failed {retries + 1} times (timeout {timeout}s); last error: {last}") from None
+    raise RuntimeError(f"POST {redact.url(url)} failed {retries + 1} times (timeout {timeout}s); last error: {last}") from None
 
 
 def _answer(url: str, request: urllib.request.Request, timeout: float) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as error:  # an answer with an error status
         what = f"HTTP {error.code} {error.reason}: {error.read(SHOWN).decode(errors='replace')}"
         if _retryable(error.code):
             raise Retry(what, retry_after(error.headers.get("Retry-After"))) from None
-        raise RuntimeError(f"POST {url}: {what}") from None
+        if 300 <= error.code < 400:
+            raise RuntimeError(f"POST {redact.url(url)}: HTTP {error.code} redirect to "
+                               f"{redact.url(error.headers.get('Location', '?'))}, not followed (it would take the "
+                               "credentials along): set the url to the service's final address") from None
+        raise RuntimeError(f"POST {redact.url(url)}: {what}") from None
     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as error:  # no (whole) answer
         raise Retry(f"no answer: {getattr(error, 'reason', error)}") from None

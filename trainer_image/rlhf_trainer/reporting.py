@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from rlhf_api.v1alpha1 import MLflowSpec, RLHFJob, WandbSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
+from . import redact
 from .losses import Registry
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,9 @@ class RunInfo:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The job's spec: a tracker's run config (Secrets appear as their references, never values)."""
-        return self.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The job's spec: a tracker's run config (Secrets appear as their references, never values; literal
+        environment values and URLs' credentials are redacted: a tracker's readers are not the job's)."""
+        return redact.config(self.job.spec.model_dump(mode="json", by_alias=True, exclude_none=True))
 
     @property
     def uid(self) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from rlhf_api.contract import ENVIRONMENT_CODE_DIR
 from rlhf_api.v1alpha1 import EnvironmentSpec
 
+from .. import redact
 from ..rewards.function import load_entrypoint  # loaded as function rewards are
 from .http import HTTPEnvironment, http_factory
 
@@ -60,7 +61,7 @@ def environment_factory(spec: EnvironmentSpec, base_dir: Path) -> Callable[[], E
 
 
 def describe(spec: EnvironmentSpec) -> str:
-    return f"environment {spec.function.entrypoint if spec.function else spec.http.url}"
+    return f"environment {spec.function.entrypoint if spec.function else redact.url(spec.http.url)}"
 
 
 def checked_step(result: Any, spec: EnvironmentSpec) -> tuple[str, float, bool]:

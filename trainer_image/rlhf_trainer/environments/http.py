@@ -8,6 +8,7 @@ import itertools
 import uuid
 from typing import Any, Callable
 
+from .. import redact
 from ..backoff import Backoff
 from ..jsonpost import post_json
 
@@ -34,7 +35,7 @@ class HTTPEnvironment:
     def step(self, completion: str) -> tuple[str, float, bool]:
         answer = self.client.post({"action": "step", "episode": self.episode, "completion": completion})
         if not isinstance(answer, dict) or not {"observation", "reward", "done"} <= answer.keys():
-            raise ValueError(f"{self.client.url} answered {str(answer)[:200]!r} to a step; expected "
+            raise ValueError(f"{redact.url(self.client.url)} answered {str(answer)[:200]!r} to a step; expected "
                              '{"observation": text, "reward": number, "done": true/false}')
         return answer["observation"], answer["reward"], answer["done"]
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import RewardSource, RewardSpec
 
+from .. import redact
 from .function import function_source
 from .http import http_source
 from .model import RewardModelScorer, model_source
@@ -52,7 +53,7 @@ class RewardResult:
 
 
 def _describe(source: RewardSource) -> str:
-    where = source.function.entrypoint if source.function else source.http.url if source.http else "spec.models.reward"
+    where = source.function.entrypoint if source.function else redact.url(source.http.url) if source.http else "spec.models.reward"
     return f"reward source {source.name!r} ({source.type} {where})"
 
 
