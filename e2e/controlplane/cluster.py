@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import apiserver, components, crds, etcd, kuberay, kueue, kwok, seed
+from . import apiserver, components, crds, etcd, kuberay, kueue, kwok, policies, seed
 from .binaries import BUILD_TARGETS, Binaries, cache_dir, find_kubectl
 from .certs import make_pki, write_admin_token
 from .client import Api
@@ -196,6 +196,7 @@ class ControlPlane:
             if self.want_crds:
                 self._phase("crds", lambda: self._crds_from_seed(etcd_seed) if etcd_seed
                             else self.install_all_crds())
+                self._phase("policies", lambda: policies.install(self.kubectl))
             if self.want_controller_manager:
                 self._phase("kube-controller-manager", lambda: components.wait_controller_manager(
                     self.launcher, ports["kube-controller-manager"], self.api))

@@ -46,8 +46,9 @@ def install_rbac(helm, control_plane, tmp_path: Path, release: str, values: dict
     return docs
 
 
-def token_kubeconfig(control_plane, service_account: str, path: Path) -> Path:
-    token = control_plane.kubectl("create", "token", service_account, "-n", NAMESPACE, "--duration", "2h").stdout
+def token_kubeconfig(control_plane, service_account: str, path: Path, namespace: str = NAMESPACE) -> Path:
+    """A kubeconfig that authenticates with a token of the ServiceAccount (a real TokenRequest)."""
+    token = control_plane.kubectl("create", "token", service_account, "-n", namespace, "--duration", "2h").stdout
     config = yaml.safe_load(control_plane.kubeconfig.read_text())
     config["users"][0]["user"] = {"token": token.strip()}
     path.write_text(yaml.safe_dump(config))

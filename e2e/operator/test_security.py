@@ -19,10 +19,12 @@ import pytest
 import wandb
 import yaml
 from kubernetes import client
+from kubernetes import config as kconfig
 from kubernetes.client.exceptions import ApiException
 
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_gone, wait_phase
+from e2e.operator.test_operator_rbac import token_kubeconfig
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.head import HeadPod
 from e2e.storage import local_claim
@@ -263,3 +265,62 @@ def test_no_secret_value_in_what_the_trainer_writes(control_plane, kube, kube_ap
         assert not leaked, f"the value of Secret {leaked} is in the {place}"
     assert files_holding(values, head.root) == [], "Secret values in what the head pod wrote"
     assert files_holding(values, volume) == [], "Secret values on the checkpoint claim"
+
+
+def test_the_trainer_writes_only_its_own_progress(control_plane, kube, namespace, operator, tmp_path):
+    """The job's ServiceAccount (its token is the head's: the trainer, its reward functions, environment
+    and dependencies) may patch its job's status, and the chart's ValidatingAdmissionPolicy keeps it to
+    the trainer's fields: it cannot end the job by setting phase, nor write another job's status."""
+    operator.start()
+    for name in ("policed", "neighbour"):
+        create_job(kube, namespace, rlhf_job(name))
+    wait_phase(kube, namespace, "policed", "Pending")
+    trainer = kconfig.new_client_from_config(config_file=str(token_kubeconfig(
+        control_plane, names.trainer("policed"), tmp_path / "kubeconfig", namespace)))
+    status = client.CustomObjectsApi(trainer)
+
+    def patch(name: str, body: dict, **options) -> ApiException | None:
+        try:
+            status.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                                         {"status": body}, **options)
+        except ApiException as refused:
+            return refused
+        return None
+
+    # The API server loads a new policy in the background: until a dry run is refused, it is not in force.
+    wait_for(lambda: patch("policed", {"phase": "Succeeded"}, dry_run="All"), 30, "the policy in force")
+    for forged in ({"phase": "Succeeded"}, {"progress": {"step": 1}, "conditions": [], "message": "done"}):
+        refused = patch("policed", forged)
+        assert refused is not None and refused.status == 403, forged
+        assert "may change only status.progress, status.metrics and status.lastCheckpoint" in refused.body
+        assert all(f"status.{field}" in refused.body for field in forged if field != "progress"), refused.body
+    refused = patch("neighbour", {"progress": {"step": 1}})
+    assert refused is not None and refused.status == 403 and "neighbour" in refused.body
+
+    # What the trainer writes goes through.
+    reporter = KubernetesStatusReporter("policed", namespace, status, min_interval=0)
+    reporter.start(total_steps=4)
+    reporter.log(1, {"reward_mean": 0.5, "kl": 0.01})
+    reporter.checkpoint(1, "/checkpoints/step-1")
+    reporter.finish("succeeded")
+    reporter.close()
+    trainer.close()
+    written = get_job(kube, namespace, "policed")["status"]
+    assert written["progress"]["step"] == 1 and written["progress"]["result"] == "Succeeded"
+    assert written["metrics"]["kl"] == 0.01 and written["lastCheckpoint"]["step"] == 1
+    assert written["phase"] == "Pending" and "progress" not in (get_job(kube, namespace, "neighbour").get("status") or {})
+
+
+def test_the_trainer_of_a_job_with_a_long_name_writes_its_progress(control_plane, kube, namespace, operator, tmp_path):
+    """Past 245 characters, the job's ServiceAccount's name ends in a hash (names.trainer): the policy knows it."""
+    name = "long-" + "n" * 245
+    operator.start()
+    create_job(kube, namespace, rlhf_job(name))
+    wait_phase(kube, namespace, name, "Pending")
+    assert names.trainer(name) != f"{name}-trainer"
+    trainer = kconfig.new_client_from_config(config_file=str(token_kubeconfig(
+        control_plane, names.trainer(name), tmp_path / "kubeconfig", namespace)))
+    client.CustomObjectsApi(trainer).patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": {"progress": {"step": 1}}})
+    trainer.close()
+    assert get_job(kube, namespace, name)["status"]["progress"]["step"] == 1
