@@ -118,6 +118,11 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
                                    "--field-manager", "helm-chart-test", "-f", "-",
                                    input=yaml.safe_dump_all(docs))
     assert result.stdout.count("(server dry run)") == len(docs), result.stdout
+    # The trainer-status policy spares the operator's own ServiceAccount, whatever the release is called.
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")["spec"]
+    spared = {c["name"]: c["expression"] for c in policy["matchConditions"]}["not-the-operator"]
+    assert f"'system:serviceaccount:{account['namespace']}:{account['name']}'" in spared
 
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]
