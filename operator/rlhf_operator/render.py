@@ -116,6 +116,7 @@ def _driver_env(job: api.RLHFJob) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAME_ENV, "value": job.metadata["name"]},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
         {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)},
+        {"name": contract.DRIVER_PID_FILE_ENV, "value": contract.DRIVER_PID_FILE},
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:
@@ -231,7 +232,16 @@ def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], account: str |
 
 def _ray_pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]],
                   account: str | None = None, gpu_workers: bool = False) -> dict[str, Any]:
-    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers))
+    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers),
+                     terminationGracePeriodSeconds=contract.TERMINATION_GRACE_SECONDS)
+
+
+# The head's preStop hook: SIGTERM to the driver, then wait until it has saved a checkpoint and exited
+# (within the grace period). Nothing else signals it: KubeRay stops no job before it deletes a RayJob's
+# cluster, and the kubelet signals the container's first process, `ray start`, while the driver runs
+# in a session of its own under Ray's job supervisor.
+STOP_DRIVER = (f'pid=$(cat "${contract.DRIVER_PID_FILE_ENV}") && kill -TERM "$pid" || exit 0; '
+               'while kill -0 "$pid"; do sleep 1; done')
 
 
 def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
@@ -263,6 +273,7 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         {"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT},
         {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
     ]
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", STOP_DRIVER]}}}
     return {
         # The head runs the trainer driver only (KubeRay's advice for a large cluster): no model group
         # or engine is placed there, every one goes to the workers (Ray counts their CPU limits).

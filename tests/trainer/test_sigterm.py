@@ -1,13 +1,18 @@
-"""SIGTERM (a pod deleted, preempted by Kueue or suspended) mid-run: `rlhf run` finishes the step under
-way, saves a checkpoint of it and exits 143 saying so; running the job again resumes at the next step."""
+"""SIGTERM (a pod deleted, preempted by Kueue or suspended: the head pod's preStop hook sends it) mid-run:
+`rlhf run` finishes the step under way, saves a checkpoint of it and exits 143 saying so; running the job
+again resumes at the next step."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 
 import pytest
 
 from e2e.fixtures import wait_for
+from rlhf_api import contract
+from rlhf_operator.render import STOP_DRIVER
 from rlhf_trainer import checkpoint
 from rlhf_trainer.run import EXIT_INTERRUPTED
 from run_probes import finish, start, steps_logged
@@ -19,18 +24,23 @@ STEPS, INTERVAL = 100, 2
 
 
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tmp_path):
-    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL, "checkpoint.keep": 2})
+    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL,
+                     "checkpoint.keep": 2})
     out, first_log = tmp_path / "out", tmp_path / "first.log"
     checkpoints = out / "checkpoints"
-    first = start(job, out, first_log)
+    pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
+    first = start(job, out, first_log, **pid_file)
 
     def past_a_checkpoint() -> bool:
         assert first.poll() is None, first_log.read_text()[-4000:]
         return any(step > INTERVAL for step in steps_logged(out))
 
     wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
-    first.send_signal(signal.SIGTERM)  # the driver alone, as the kubelet signals a container's first process
+    # The hook, as the kubelet runs it in the head container; it returns once the driver is gone (reaped:
+    # here by finish, in the pod by Ray's job supervisor).
+    hook = subprocess.Popen(["/bin/sh", "-c", STOP_DRIVER], env={**os.environ, **pid_file})
     code = finish(first, 240)
+    assert hook.wait(30) == 0
     said = first_log.read_text()
     assert code == EXIT_INTERRUPTED, said[-4000:]
 
@@ -49,7 +59,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tm
         return max(steps_logged(out)) > reached
 
     wait_for(resumed, 400, "the resumed run's first step")
-    second.send_signal(signal.SIGTERM)
+    second.send_signal(signal.SIGTERM)  # the driver alone, as `rlhf run` in a terminal may get it
     assert finish(second, 240) == EXIT_INTERRUPTED, second_log.read_text()[-4000:]
     assert f"resumed from {checkpoint.step_dir(checkpoints, reached)} at step {reached}" in second_log.read_text()
     logged = steps_logged(out)

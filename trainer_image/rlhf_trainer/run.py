@@ -89,6 +89,8 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
         # dump and arms a 3 s alarm that aborts the process (exit 134), whatever Python does meanwhile.
         # Ours replace it: before the first step there is nothing to save, so stop at once.
         signal.signal(signal.SIGTERM, _stop_now)
+        if pid_file := os.environ.get(contract.DRIVER_PID_FILE_ENV):  # the head pod's preStop hook signals us
+            Path(pid_file).write_text(str(os.getpid()))
         trainer_class = _trainer_class(job.spec.algorithm)
         trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
         signal.signal(signal.SIGTERM, lambda *_: _stop_after_step(trainer))
