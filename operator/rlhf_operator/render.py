@@ -29,6 +29,10 @@ TRAINER_IMAGE_ENV = "RLHF_TRAINER_IMAGE"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/rlhf-operator/trainer:0.1.0"
 RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
 ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
+# `ray start`, each Ray pod's first process, answers the kubelet's SIGTERM by draining its node: the
+# raylet stays while the run's actors hold it, for up to this many seconds (Ray's default is 30), so the
+# workers outlive the driver's last step and checkpoint. Then it exits, and the pod with it.
+RAY_DRAIN_ENV = {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
@@ -251,7 +255,7 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
         "name": name,
         "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
-        "env": _merge_env(env, resources.env),
+        "env": _merge_env([*env, dict(RAY_DRAIN_ENV)], resources.env),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "volumeMounts": mounts,
         "securityContext": _container_security(),
