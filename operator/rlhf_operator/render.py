@@ -33,6 +33,9 @@ ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
 # raylet stays while the run's actors hold it, for up to this many seconds (Ray's default is 30), so the
 # workers outlive the driver's last step and checkpoint. Then it exits, and the pod with it.
 RAY_DRAIN_ENV = {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
+# Ray's job supervisor on the head answers `ray job stop` (KubeRay's, when a running RayJob is deleted)
+# with SIGTERM to the driver, then SIGKILL after this many seconds (Ray's default is 3).
+RAY_JOB_STOP_ENV = {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
@@ -121,6 +124,7 @@ def _driver_env(job: api.RLHFJob) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
         {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)},
         {"name": contract.DRIVER_PID_FILE_ENV, "value": contract.DRIVER_PID_FILE},
+        dict(RAY_JOB_STOP_ENV),
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:

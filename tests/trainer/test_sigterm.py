@@ -5,15 +5,17 @@ again resumes at the next step."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from e2e.fixtures import wait_for
 from rlhf_api import contract
-from rlhf_operator.render import STOP_DRIVER
+from rlhf_operator.render import RAY_JOB_STOP_ENV, STOP_DRIVER
 from rlhf_trainer import checkpoint
 from rlhf_trainer.run import EXIT_INTERRUPTED
 from run_probes import finish, start, steps_logged
@@ -65,6 +67,40 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tm
     assert f"resumed from {checkpoint.step_dir(checkpoints, reached)} at step {reached}" in second_log.read_text()
     logged = steps_logged(out)
     assert logged[logged.index(reached) + 1] == reached + 1
+
+
+def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path, monkeypatch):
+    """`ray job stop`, as KubeRay sends it when a running RayJob is deleted: Ray's job supervisor signals the
+    driver and waits as long as the head pod's RAY_JOB_STOP_WAIT_TIME_S says before it kills it."""
+    import ray
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    monkeypatch.setenv(RAY_JOB_STOP_ENV["name"], RAY_JOB_STOP_ENV["value"])  # the head's, inherited by the supervisor
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL})
+    out = tmp_path / "out"
+    checkpoints = out / "checkpoints"
+    temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")  # short: Ray's socket paths
+    context = ray.init(num_cpus=3, include_dashboard=True, _temp_dir=temp_dir, log_to_driver=False)
+    try:
+        client = JobSubmissionClient(f"http://{context.dashboard_url}")
+        submission = client.submit_job(entrypoint=f"{sys.executable} -m rlhf_operator.cli run {job} --output-dir {out}")
+
+        def past_a_checkpoint() -> bool:
+            assert not client.get_job_status(submission).is_terminal(), client.get_job_logs(submission)[-4000:]
+            return any(step > INTERVAL for step in steps_logged(out))
+
+        wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
+        client.stop_job(submission)
+        wait_for(lambda: client.get_job_status(submission).is_terminal(), 240, "the job to stop")
+        assert client.get_job_status(submission) == JobStatus.STOPPED
+        said = client.get_job_logs(submission)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    reached = max(steps_logged(out))
+    assert f"the run was interrupted: stopped after step {reached} of {STEPS}" in said, said[-4000:]
+    assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached)
 
 
 def test_deleted_ray_pods_let_the_driver_save_its_checkpoint(ray_nodes, toy_job, tmp_path):
