@@ -146,7 +146,8 @@ class RunLoop(ABC):
             ray.get(self.trained.call("save_pretrained", str(self.checkpoint_dir / "final")))
 
     def request_stop(self) -> None:
-        """Stop after the step under way (a signal handler: only sets a flag the loop reads between steps)."""
+        """Stop after the step under way, with a checkpoint of it (safe in a signal handler: it sets a flag
+        `fit` reads between steps)."""
         self.stop_requested = True
 
     @abstractmethod

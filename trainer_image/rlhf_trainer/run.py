@@ -83,14 +83,14 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
             local_node = _start_local_ray(num_cpus or max(os.cpu_count() or 1, placement.bundles), ray_dir)
-        check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
-
         # Connecting made Ray's native crash handler this process's SIGTERM handler: it prints a stack
         # dump and arms a 3 s alarm that aborts the process (exit 134), whatever Python does meanwhile.
         # Ours replace it: before the first step there is nothing to save, so stop at once.
         signal.signal(signal.SIGTERM, _stop_now)
         if pid_file := os.environ.get(contract.DRIVER_PID_FILE_ENV):  # the head pod's preStop hook signals us
             Path(pid_file).write_text(str(os.getpid()))
+        check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
+
         trainer_class = _trainer_class(job.spec.algorithm)
         trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
         signal.signal(signal.SIGTERM, lambda *_: _stop_after_step(trainer))
@@ -155,6 +155,8 @@ def _stop_now(*_) -> None:
 
 
 def _stop_after_step(trainer) -> None:
+    if trainer.stop_requested:  # signalled again (the preStop hook and `ray job stop`)
+        return
     # os.write: the handler may run while the main thread is inside a print to stderr (the progress bar).
     os.write(sys.stderr.fileno(), (
         f"\nSIGTERM: finishing step {trainer.step + 1}, saving a checkpoint of it and stopping (in Kubernetes the "
