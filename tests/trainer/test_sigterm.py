@@ -1,6 +1,7 @@
-"""SIGTERM (a pod deleted, preempted by Kueue or suspended: the head pod's preStop hook sends it) mid-run:
-`rlhf run` finishes the step under way, saves a checkpoint of it and exits 143 saying so; running the job
-again resumes at the next step."""
+"""SIGTERM mid-run: `rlhf run` finishes the step under way, saves a checkpoint of it and exits 143 saying so;
+running the job again resumes at the next step. In a RayJob the signal comes from the head pod's preStop
+hook (the pods deleted: preempted by Kueue, suspended) or from `ray job stop` (KubeRay's, the RayJob
+deleted), and the worker pods' `ray start` keeps their actors while it drains: each is played here."""
 
 from __future__ import annotations
 
