@@ -1,4 +1,5 @@
-"""Ways for a test to start `rlhf run` and look into it: its Ray actors' processes, its logged steps, its newest checkpoint."""
+"""Ways for a test to start `rlhf run` and look into it: its Ray actors' processes, its logged steps, its
+newest checkpoint."""
 
 from __future__ import annotations
 
