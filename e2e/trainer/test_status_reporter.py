@@ -72,6 +72,20 @@ def test_progress_and_metrics_are_throttled_and_leave_the_operators_fields(job, 
     api_client.close()
 
 
+def test_an_interrupted_run_reports_its_last_step_and_no_result(job, control_plane, namespace):
+    """SIGTERM (rlhf run's exit 143): no progress.result, which would make the operator record the run as
+    ended once its RayJob is gone; the job is to be rerun and resume."""
+    api_client = control_plane.api_client()
+    reporter = KubernetesStatusReporter("reported", namespace, client.CustomObjectsApi(api_client))
+    reporter.start(total_steps=10)
+    reporter.log(3, {"reward_mean": 0.3})
+    reporter.finish("interrupted", "stopped after step 3 of 10")
+    progress = get_job(job, namespace, "reported")["status"]["progress"]
+    assert progress["step"] == 3 and "result" not in progress
+    reporter.close()
+    api_client.close()
+
+
 def test_an_unreachable_api_server_never_stops_training(namespace):
     (closed_port,) = free_ports(1)
     configuration = client.Configuration()

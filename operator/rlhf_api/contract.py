@@ -41,6 +41,14 @@ WANDB_API_KEY_ENV = "WANDB_API_KEY"
 MLFLOW_USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
 MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
 MLFLOW_TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
+# Seconds a Ray pod has between its deletion (the job deleted, preempted or suspended) and SIGKILL
+# (terminationGracePeriodSeconds): the driver finishes the step under way and saves a checkpoint of
+# it in that time, so it must exceed a step plus a save.
+TERMINATION_GRACE_SECONDS = 300
+# The driver writes its process id to the file this variable names (set on the head): the head's
+# preStop hook sends it SIGTERM through that file.
+DRIVER_PID_FILE_ENV = "RLHF_DRIVER_PID_FILE"
+DRIVER_PID_FILE = "/tmp/rlhf-driver.pid"
 # The trainer's last stderr line when a run fails is "<job file>: RUN_FAILED<Error>: <what>"; the
 # operator finds it in the log tail KubeRay quotes and makes it the job's failure message.
 RUN_FAILED = "the run failed: "

@@ -29,6 +29,13 @@ TRAINER_IMAGE_ENV = "RLHF_TRAINER_IMAGE"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/rlhf-operator/trainer:0.1.0"
 RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
 ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
+# `ray start`, each Ray pod's first process, answers the kubelet's SIGTERM by draining its node: the
+# raylet stays while the run's actors hold it, for up to this many seconds (Ray's default is 30), so the
+# workers outlive the driver's last step and checkpoint. Then it exits, and the pod with it.
+RAY_DRAIN_ENV = {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
+# Ray's job supervisor on the head answers `ray job stop` (KubeRay's, when a running RayJob is deleted)
+# with SIGTERM to the driver, then SIGKILL after this many seconds (Ray's default is 3).
+RAY_JOB_STOP_ENV = {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
@@ -116,6 +123,8 @@ def _driver_env(job: api.RLHFJob) -> list[dict[str, Any]]:
         {"name": contract.JOB_NAME_ENV, "value": job.metadata["name"]},
         {"name": contract.JOB_NAMESPACE_ENV, "value": job.metadata["namespace"]},
         {"name": contract.METRICS_PORT_ENV, "value": str(contract.METRICS_PORT)},
+        {"name": contract.DRIVER_PID_FILE_ENV, "value": contract.DRIVER_PID_FILE},
+        dict(RAY_JOB_STOP_ENV),
     ]
     for source in job.spec.reward.sources if job.spec.reward else []:
         if source.http and source.http.auth_secret_ref:
@@ -231,7 +240,16 @@ def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], account: str |
 
 def _ray_pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]],
                   account: str | None = None, gpu_workers: bool = False) -> dict[str, Any]:
-    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers))
+    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers),
+                     terminationGracePeriodSeconds=contract.TERMINATION_GRACE_SECONDS)
+
+
+# The head's preStop hook: SIGTERM to the driver, then wait until it has saved a checkpoint and exited
+# (within the grace period). Nothing else signals it: KubeRay stops no job before it deletes a RayJob's
+# cluster, and the kubelet signals the container's first process, `ray start`, while the driver runs
+# in a session of its own under Ray's job supervisor.
+STOP_DRIVER = (f'pid=$(cat "${contract.DRIVER_PID_FILE_ENV}") && kill -TERM "$pid" || exit 0; '
+               'while kill -0 "$pid"; do sleep 1; done')
 
 
 def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: list[dict[str, Any]],
@@ -241,7 +259,7 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
         "name": name,
         "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
-        "env": _merge_env(env, resources.env),
+        "env": _merge_env([*env, dict(RAY_DRAIN_ENV)], resources.env),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "volumeMounts": mounts,
         "securityContext": _container_security(),
@@ -263,6 +281,7 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         {"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT},
         {"name": "ray-metrics", "containerPort": RAY_METRICS_PORT},
     ]
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", STOP_DRIVER]}}}
     return {
         # The head runs the trainer driver only (KubeRay's advice for a large cluster): no model group
         # or engine is placed there, every one goes to the workers (Ray counts their CPU limits).

@@ -376,7 +376,8 @@ def test_only_the_head_holds_the_job_s_token_and_credentials():
     for pod in (worker["template"]["spec"], submitter["spec"]):
         assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     assert {"RLHF_REWARD_JUDGE_TOKEN", contract.WANDB_API_KEY_ENV, contract.JOB_NAME_ENV} <= env(head).keys()
-    assert env(worker) == {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "t"}}}
+    drain = render.RAY_DRAIN_ENV
+    assert env(worker) == {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "t"}}, drain["name"]: drain["value"]}
     assert container(worker)["envFrom"] == [{"configMapRef": {"name": "settings"}}]
     assert "env" not in submitter["spec"]["containers"][0]
 

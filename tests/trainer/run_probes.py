@@ -1,9 +1,13 @@
-"""Ways for a test to look into a running `rlhf run`: its Ray actors' processes, its newest checkpoint."""
+"""Ways for a test to start `rlhf run` and look into it: its Ray actors' processes, its logged steps, its
+newest checkpoint."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from rlhf_trainer import checkpoint
@@ -24,3 +28,25 @@ def newest(checkpoints: Path) -> int | None:
     """The step of the newest complete checkpoint under `checkpoints`, None before the first."""
     found = checkpoint.latest(checkpoints)
     return json.loads((found / checkpoint.STATE_FILE).read_text())["step"] if found else None
+
+
+def start(job: Path, out: Path, log: Path, **env: str) -> subprocess.Popen:
+    # Its own session: its Ray processes are found by session id and all killed at the end.
+    return subprocess.Popen([sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled", **env}, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def steps_logged(out: Path) -> list[int]:
+    path = out / "checkpoints" / "logs" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def finish(run: subprocess.Popen, timeout: float = 300) -> int:
+    try:
+        return run.wait(timeout)
+    finally:
+        try:
+            os.killpg(run.pid, signal.SIGKILL)  # what is left of its Ray instance
+        except ProcessLookupError:
+            pass

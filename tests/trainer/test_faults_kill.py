@@ -11,34 +11,20 @@ then a last run resumes from the newest complete checkpoint and finishes.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from rlhf_trainer import checkpoint
-from run_probes import newest, ray_actor_pids
+from run_probes import finish, newest, ray_actor_pids, start, steps_logged
 
 pytestmark = pytest.mark.timeout(900)
 
 STEPS, INTERVAL = 8, 3
-
-
-def start(job: Path, out: Path, log: Path, **env: str) -> subprocess.Popen:
-    # Its own session: its Ray processes are found by session id and all killed at the end.
-    return subprocess.Popen([sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
-                            env={**os.environ, "RAY_AUTH_MODE": "disabled", **env}, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def steps_logged(out: Path) -> list[int]:
-    path = out / "checkpoints" / "logs" / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def wait(run: subprocess.Popen, log: Path, condition, what: str, timeout: float = 400) -> None:
@@ -47,16 +33,6 @@ def wait(run: subprocess.Popen, log: Path, condition, what: str, timeout: float 
         assert run.poll() is None, f"the run ended before {what}:\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
         time.sleep(0.2)
-
-
-def finish(run: subprocess.Popen, timeout: float = 300) -> int:
-    try:
-        return run.wait(timeout)
-    finally:
-        try:
-            os.killpg(run.pid, signal.SIGKILL)  # what is left of its Ray instance
-        except ProcessLookupError:
-            pass
 
 
 def test_killed_workers_and_an_interrupted_save_cost_at_most_one_interval(toy_job, tmp_path):

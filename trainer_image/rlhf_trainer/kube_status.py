@@ -26,7 +26,8 @@ from rlhf_api import v1alpha1 as api
 from .backoff import Backoff, retry_after
 
 log = logging.getLogger(__name__)
-RESULTS = {"succeeded": "Succeeded", "failed": "Failed"}  # reporter.finish(status) -> status.progress.result
+# reporter.finish(status) -> status.progress.result; an interrupted run has none: it resumes when rerun.
+RESULTS = {"succeeded": "Succeeded", "failed": "Failed"}
 SENDER_BACKOFF = Backoff(base=0.5, cap=10.0)  # an API server back from a restart hears from us within ~10 s
 REQUEST_TIMEOUT = 10.0  # seconds per patch: a hung connection must not hold newer updates back
 FINISH_TIMEOUT = 30.0  # seconds finish() waits for the final status to be delivered
@@ -137,7 +138,8 @@ class KubernetesStatusReporter:
     def finish(self, status: str, message: str = "") -> None:
         # How the run ended, for the operator: a RayJob deleted before KubeRay's verdict was mirrored
         # must not be rerun after training completed.
-        self.held.setdefault("progress", {})["result"] = RESULTS[status]
+        if status in RESULTS:
+            self.held.setdefault("progress", {})["result"] = RESULTS[status]
         self._hand_over()
         if not self.wait(self.finish_timeout):
             log.warning("the final status of RLHFJob %s/%s was not delivered within %gs; the operator will go by "

@@ -4,9 +4,10 @@ A run is `total_steps` steps over a resumable data loader (data.PromptLoader), t
 at most: each step trains one batch (the subclass's `_steps`) and is logged; a checkpoint is
 saved every checkpoint.intervalSteps steps and after the last one, and checkpoint.resume
 continues from the newest one with the trained groups' state, the step and the loader's
-position. The model groups live in one placement group, reserved by `_start` and freed by `close`;
-before any model loads, `_start` checks that the checkpoint directory is shared by every node
-of the placement group (checkpoint.require_shared).
+position. `request_stop` (rlhf run's SIGTERM handler) ends the run after the step under way, with a
+checkpoint of it: `fit` then raises Interrupted. The model groups live in one placement group, reserved
+by `_start` and freed by `close`; before any model loads, `_start` checks that the checkpoint directory
+is shared by every node of the placement group (checkpoint.require_shared).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_grou
 log = logging.getLogger(__name__)
 
 
+class Interrupted(Exception):
+    """The run was asked to stop before its last step (SIGTERM): running the job again resumes where it stopped."""
+
+
 class RunLoop(ABC):
     """A subclass's __init__ calls `_use_data`, then `_start`; it implements `_start_workers` and `_steps`."""
 
@@ -52,6 +57,7 @@ class RunLoop(ABC):
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
         self.step = 0
+        self.stop_requested = False
         self.extra_batches = 0  # batches drawn beyond one per step (dynamic sampling's extra rounds)
         self.groups: dict[str, ModelGroup] = {}
 
@@ -128,12 +134,21 @@ class RunLoop(ABC):
             self.step += 1
             self.reporter.log(self.step, metrics | self.timer.take())
             interval = self.spec.checkpoint.interval_steps
-            if (interval and self.step % interval == 0) or self.step == self.total_steps:
+            if (interval and self.step % interval == 0) or self.step == self.total_steps or self.stop_requested:
                 self._save(data_position)
+            if self.stop_requested and self.step < self.total_steps:
+                raise Interrupted(f"stopped after step {self.step} of {self.total_steps}; its checkpoint is "
+                                  f"{checkpoint.step_dir(self.checkpoint_dir, self.step)}: running the job again "
+                                  "resumes from it")
         if data_position is not None and self.step < self.total_steps:
             self._save(data_position)  # the data ran out before totalSteps (dynamic sampling's extra rounds)
         if self.spec.checkpoint.export_hf:
             ray.get(self.trained.call("save_pretrained", str(self.checkpoint_dir / "final")))
+
+    def request_stop(self) -> None:
+        """Stop after the step under way, with a checkpoint of it (safe in a signal handler: it sets a flag
+        `fit` reads between steps)."""
+        self.stop_requested = True
 
     @abstractmethod
     def _steps(self, batches: Iterator[tuple[list, dict]]) -> Iterator[tuple[dict[str, float], dict]]:

@@ -4,7 +4,11 @@ Locally it starts a private Ray instance (CPU, or the machine's GPUs) and stops 
 inside a RayJob (RAY_ADDRESS set by Ray's job submission) or with an address it joins that
 cluster. Exit status: 0 done, 1 the run failed, 2 the job file is invalid (nothing was loaded):
 the schema, CEL rules and checks.check, which also refuses missing local dataset files and reward
-functions that cannot be imported or called, all before Ray starts.
+functions that cannot be imported or called, all before Ray starts; 143 (128 + SIGTERM, as a shell
+reports a process SIGTERM ended) it was stopped by SIGTERM (a pod deleted, preempted or suspended):
+it finished the step under way and saved a checkpoint of it, which running the job again resumes
+from. Not 0: Ray and KubeRay must not record an interrupted run as succeeded (KubeRay retries a
+failed RayJob up to its backoffLimit, and each retry resumes).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -24,10 +29,12 @@ from rlhf_api import contract
 from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.validation import InvalidJob, validate
 
+from .loop import Interrupted
 from .paths import logs_dir
 from .reporting import MultiReporter, Reporter, RunInfo, build_reporters
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_INTERRUPTED = 128 + signal.SIGTERM
 WORKERS_TIMEOUT = 300  # seconds a joined cluster's workers get to register before the job is refused
 
 
@@ -63,6 +70,7 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
     import ray
 
     local_node, trainer = None, None
+    previous_handler = signal.getsignal(signal.SIGTERM)
     try:
         address = address or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
@@ -75,15 +83,27 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
             local_node = _start_local_ray(num_cpus or max(os.cpu_count() or 1, placement.bundles), ray_dir)
+        # Connecting made Ray's native crash handler this process's SIGTERM handler: it prints a stack
+        # dump and arms a 3 s alarm that aborts the process (exit 134), whatever Python does meanwhile.
+        # Ours replace it: before the first step there is nothing to save, so stop at once.
+        signal.signal(signal.SIGTERM, _stop_now)
+        if pid_file := os.environ.get(contract.DRIVER_PID_FILE_ENV):  # the head pod's preStop hook signals us
+            Path(pid_file).write_text(str(os.getpid()))
         check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
 
         trainer_class = _trainer_class(job.spec.algorithm)
         trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
+        signal.signal(signal.SIGTERM, lambda *_: _stop_after_step(trainer))
         reporter.start(trainer.total_steps)
         trainer.fit()
     except InvalidJob as invalid:
         print(f"{job_file}: {invalid}", file=sys.stderr)
         return EXIT_INVALID
+    except Interrupted as interrupted:
+        print(f"{job_file}: the run was interrupted: {interrupted}", file=sys.stderr)
+        if trainer is not None:
+            reporter.finish("interrupted", str(interrupted))
+        return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - whatever broke, say what and exit non-zero
         traceback.print_exc()
         first_line = next(iter(str(error).strip().splitlines()), "")  # Ray's errors run to pages
@@ -93,6 +113,7 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             reporter.finish("failed", message)
         return EXIT_FAILED
     finally:
+        signal.signal(signal.SIGTERM, previous_handler)
         if trainer is not None:
             trainer.close()
         if local_node:
@@ -127,6 +148,20 @@ def _start_local_ray(num_cpus: int, temp_dir: str):
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         raise
     return node
+
+
+def _stop_now(*_) -> None:
+    raise Interrupted("SIGTERM while the run was starting: no step was trained, there is nothing to save")
+
+
+def _stop_after_step(trainer) -> None:
+    if trainer.stop_requested:  # signalled again (the preStop hook and `ray job stop`)
+        return
+    # os.write: the handler may run while the main thread is inside a print to stderr (the progress bar).
+    os.write(sys.stderr.fileno(), (
+        f"\nSIGTERM: finishing step {trainer.step + 1}, saving a checkpoint of it and stopping (in Kubernetes the "
+        f"job's pods get {contract.TERMINATION_GRACE_SECONDS}s for that before they are killed)\n").encode())
+    trainer.request_stop()
 
 
 def _resume_hint(trainer) -> str:

@@ -1,0 +1,137 @@
+"""SIGTERM mid-run: `rlhf run` finishes the step under way, saves a checkpoint of it and exits 143 saying so;
+running the job again resumes at the next step. In a RayJob the signal comes from the head pod's preStop
+hook (the pods deleted: preempted by Kueue, suspended) or from `ray job stop` (KubeRay's, the RayJob
+deleted), and the worker pods' `ray start` keeps their actors while it drains: each is played here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from e2e.fixtures import wait_for
+from rlhf_api import contract
+from rlhf_operator.render import RAY_JOB_STOP_ENV, STOP_DRIVER
+from rlhf_trainer import checkpoint
+from rlhf_trainer.run import EXIT_INTERRUPTED
+from run_probes import finish, start, steps_logged
+
+pytestmark = pytest.mark.timeout(600)
+
+# Steps take about a second here: the signal lands long before the last step, even on a loaded machine.
+STEPS, INTERVAL = 100, 2
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tmp_path):
+    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL,
+                     "checkpoint.keep": 2})
+    out, first_log = tmp_path / "out", tmp_path / "first.log"
+    checkpoints = out / "checkpoints"
+    pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
+    first = start(job, out, first_log, **pid_file)
+
+    def past_a_checkpoint() -> bool:
+        assert first.poll() is None, first_log.read_text()[-4000:]
+        return any(step > INTERVAL for step in steps_logged(out))
+
+    wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
+    # The hook, as the kubelet runs it in the head container; it returns once the driver is gone (reaped:
+    # here by finish, in the pod by Ray's job supervisor).
+    hook = subprocess.Popen(["/bin/sh", "-c", STOP_DRIVER], env={**os.environ, **pid_file})
+    code = finish(first, 240)
+    assert hook.wait(30) == 0
+    said = first_log.read_text()
+    assert code == EXIT_INTERRUPTED, said[-4000:]
+
+    reached = max(steps_logged(out))
+    assert reached < STEPS, "the run ended before the signal"
+    assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached), said[-4000:]
+    assert f"SIGTERM: finishing step {reached}" in said, said[-4000:]
+    assert f"the run was interrupted: stopped after step {reached} of {STEPS}" in said, said[-4000:]
+
+    # The second run resumes there; a few steps of it show that (SIGTERM again ends it, as tested above).
+    second_log = tmp_path / "second.log"
+    second = start(job, out, second_log)
+
+    def resumed() -> bool:
+        assert second.poll() is None, second_log.read_text()[-4000:]
+        return max(steps_logged(out)) > reached
+
+    wait_for(resumed, 400, "the resumed run's first step")
+    second.send_signal(signal.SIGTERM)  # the driver alone, as `rlhf run` in a terminal may get it
+    assert finish(second, 240) == EXIT_INTERRUPTED, second_log.read_text()[-4000:]
+    assert f"resumed from {checkpoint.step_dir(checkpoints, reached)} at step {reached}" in second_log.read_text()
+    logged = steps_logged(out)
+    assert logged[logged.index(reached) + 1] == reached + 1
+
+
+def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path, monkeypatch):
+    """`ray job stop`, as KubeRay sends it when a running RayJob is deleted: Ray's job supervisor signals the
+    driver and waits as long as the head pod's RAY_JOB_STOP_WAIT_TIME_S says before it kills it."""
+    import ray
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    monkeypatch.setenv(RAY_JOB_STOP_ENV["name"], RAY_JOB_STOP_ENV["value"])  # the head's, inherited by the supervisor
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL})
+    out = tmp_path / "out"
+    checkpoints = out / "checkpoints"
+    temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")  # short: Ray's socket paths
+    context = ray.init(num_cpus=3, include_dashboard=True, _temp_dir=temp_dir, log_to_driver=False)
+    try:
+        client = JobSubmissionClient(f"http://{context.dashboard_url}")
+        submission = client.submit_job(entrypoint=f"{sys.executable} -m rlhf_operator.cli run {job} --output-dir {out}")
+
+        def past_a_checkpoint() -> bool:
+            assert not client.get_job_status(submission).is_terminal(), client.get_job_logs(submission)[-4000:]
+            return any(step > INTERVAL for step in steps_logged(out))
+
+        wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
+        client.stop_job(submission)
+        wait_for(lambda: client.get_job_status(submission).is_terminal(), 240, "the job to stop")
+        assert client.get_job_status(submission) == JobStatus.STOPPED
+        said = client.get_job_logs(submission)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    reached = max(steps_logged(out))
+    assert f"the run was interrupted: stopped after step {reached} of {STEPS}" in said, said[-4000:]
+    assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached)
+
+
+def test_deleted_ray_pods_let_the_driver_save_its_checkpoint(ray_nodes, toy_job, tmp_path):
+    """The pods of a RayJob deleted together (Kueue's preemption or suspension deletes the cluster): the
+    head's preStop hook signals the driver while the kubelet sends each worker pod's first process,
+    `ray start --block`, SIGTERM. That drains its node: the raylet, and the run's actors on it, stay
+    until the driver has saved the step under way and let them go, then `ray start` exits."""
+    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL})
+    out, log = ray_nodes.shared / "out", tmp_path / "driver.log"  # checkpoints under out: on every node
+    checkpoints = out / "checkpoints"
+    pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
+    with log.open("w") as output:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out), "--address",
+             ray_nodes.address], env={**os.environ, "RAY_AUTH_MODE": "disabled", **pid_file},
+            stdout=output, stderr=subprocess.STDOUT)
+
+    def past_a_checkpoint() -> bool:
+        assert driver.poll() is None, log.read_text()[-4000:]
+        return any(step > INTERVAL for step in steps_logged(out))
+
+    wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
+    workers = dict(ray_nodes.workers)
+    hook = subprocess.Popen(["/bin/sh", "-c", STOP_DRIVER], env={**os.environ, **pid_file})
+    for process in workers.values():
+        process.send_signal(signal.SIGTERM)  # `ray start` alone, as the kubelet signals a container's first process
+    assert driver.wait(240) == EXIT_INTERRUPTED, log.read_text()[-4000:]
+    assert hook.wait(30) == 0
+    reached = max(steps_logged(out))
+    assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached), log.read_text()[-4000:]
+    for node, process in workers.items():  # drained and gone once the driver let its actors go
+        process.wait(120)
+        ray_nodes.workers.pop(node)
