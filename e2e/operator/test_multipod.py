@@ -33,6 +33,7 @@ from e2e.pods.kubelet import NODE_LABEL
 from e2e.pods.volumes import bind_script, container_mounts, make_sub_paths, make_volumes, memory_tmpfs
 from e2e.storage import local_claim, sub_path
 from rlhf_api import contract
+from rlhf_api import v1alpha1 as api
 from tests.trainer.run_probes import newest
 
 STEPS, INTERVAL = 2, 2
@@ -265,3 +266,33 @@ def test_without_a_checkpoint_claim_the_job_fails_before_any_model_loads(
     assert f"CheckpointNotShared: checkpoint.path {path} {says}" in message, message
     assert "checkpoint.pvc" in message
     assert not {kind for kind, _ in ray_state.actors.values()} & MODEL_ACTORS, ray_state.actors  # nothing loaded
+
+
+@pytest.mark.timeout(1500)
+def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+    """spec.suspend mid-run: KubeRay deletes the cluster without stopping the Ray job (its own comment
+    leaves that to a preStop hook). The head's preStop hook sends the driver SIGTERM; it finishes the
+    step under way and checkpoints it while the workers' `ray start` drain (they keep the actors the
+    driver still needs); resumed, the run goes on from the next step. checkpoint.intervalSteps 0 (save
+    only at the end): a checkpoint before the end is the one SIGTERM made."""
+    core, steps = kube_api.core, 30  # a tiny step takes about half a second: room for the suspension to land
+    operator.start()
+    started = time.monotonic()
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "suspend", steps, pod_runtime.node,
+                        interval=0) / "suspend"
+    wait_for(lambda: len(steps_logged(run_dir)) >= 3, 600, "three steps logged", interval=0.05, max_interval=0.1)
+    kube.patch(api.KIND, namespace, "suspend", {"spec": {"suspend": True}})
+    wait_for(lambda: get_job(kube, namespace, "suspend").get("status", {}).get("phase") == "Suspended", 600,
+             "the job to be Suspended")
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector="ray.io/is-ray-node=yes").items, 600,
+             "the suspended cluster's pods to be gone")
+    logged, saved = steps_logged(run_dir), newest(run_dir)
+    assert saved is not None and saved == max(logged) < steps, (saved, logged)  # the step reached, saved
+    assert get_job(kube, namespace, "suspend")["status"]["lastCheckpoint"]["step"] == saved  # and reported
+
+    kube.patch(api.KIND, namespace, "suspend", {"spec": {"suspend": False}})
+    job = wait_end(kube, namespace, "suspend", pod_runtime, started)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
+    print(f"pod runtime suspend: suspended after step {saved} of {steps}; resumed from its checkpoint")

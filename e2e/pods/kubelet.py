@@ -8,7 +8,9 @@ volumes (volumes.py, group-owned per fsGroup: users.py), its init containers one
 then its container (processes.py) with status written as a kubelet writes it (podIP, Running,
 Ready from the readiness probe, container states, Succeeded/Failed with the exit code). A container
 that exits is restarted unless the pod's restartPolicy says otherwise. A pod being deleted has its
-processes stopped and is then deleted with grace period 0, as the kubelet confirms a deletion.
+processes stopped (its container's preStop exec hook run first, then SIGTERM, SIGKILL once the
+deletion's grace period has passed) and is then deleted with grace period 0, as the kubelet
+confirms a deletion.
 A pod's processes are all those in its network namespace (Ray's may leave the container's session);
 peak_rss records the most each pod's process tree held, sampled every half second.
 
@@ -37,6 +39,8 @@ from e2e.pods import network, processes, users, volumes
 NODE_LABEL = "rlhf.dev/pod-runtime"
 NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 LEASE_SECONDS = 40
+DEFAULT_GRACE_SECONDS = 30  # a pod's terminationGracePeriodSeconds when it sets none
+PRESTOP_EXTRA_GRACE_SECONDS = 2  # the kubelet's: SIGTERM still gets this long after a hook that used up the grace
 
 
 def now(micro: bool = False) -> str:
@@ -149,7 +153,7 @@ class Kubelet:
                     and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
                 self.pods[uid] = Pod(self, pod).start()
             elif uid in self.pods and pod["metadata"].get("deletionTimestamp"):
-                self.pods[uid].delete()
+                self.pods[uid].delete(pod["metadata"].get("deletionGracePeriodSeconds"))
         for uid in set(self.pods) - seen:  # deleted without us (force-deleted)
             self.pods.pop(uid).kill()
         rss = processes.rss_by_session()
@@ -185,6 +189,8 @@ class Pod:
         self.ip = ""
         self.process = None
         self.deleting = threading.Event()
+        self.grace = float(self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        self.container_env: tuple[users.Identity, dict[str, str]] | None = None  # the running container's
         self.log = self.root / "container.log"
         self.restarts = 0
         self.started_at = now()
@@ -194,7 +200,10 @@ class Pod:
         self.thread.start()
         return self
 
-    def delete(self) -> None:
+    def delete(self, grace: float | None = None) -> None:
+        """The pod is being deleted: its container stops within `grace` seconds (the deletion's grace period)."""
+        if grace is not None:
+            self.grace = grace
         self.deleting.set()
 
     def kill(self) -> None:
@@ -301,6 +310,7 @@ class Pod:
         policy = self.spec.get("restartPolicy", "Always")
         while not self.deleting.is_set():
             self.process, who, env = self._launch(container, made)
+            self.container_env = who, env
             self.started_at = now()
             self._status("Running", ready=False)
             code = self._probe_until_exit(container, who, env)
@@ -311,6 +321,18 @@ class Pod:
                 return
             self.restarts += 1
             self.deleting.wait(1)
+
+    def _terminate(self, container: dict[str, Any]) -> None:
+        """As a kubelet stops a container of a pod being deleted: the preStop exec hook, then SIGTERM, SIGKILL
+        once the grace period (the hook's time included) has passed."""
+        deadline = time.monotonic() + self.grace
+        hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+        if hook is not None and self.container_env is not None:
+            who, env = self.container_env
+            code = processes.exec_in(self.process.pid, who, hook["command"], env, timeout=self.grace, log=self.log)
+            with open(self.log, "a") as log:
+                log.write(f"--- preStop hook exited {code}\n")
+        processes.stop(self.process, grace=max(deadline - time.monotonic(), PRESTOP_EXTRA_GRACE_SECONDS))
 
     def _wait_exit(self) -> int:
         while self.process.poll() is None:
@@ -324,7 +346,7 @@ class Pod:
         ready, next_probe = False, time.monotonic() + (probe or {}).get("initialDelaySeconds", 0)
         while self.process.poll() is None:
             if self.deleting.wait(0.5):
-                processes.stop(self.process, grace=5)
+                self._terminate(container)
                 break
             if time.monotonic() < next_probe:
                 continue

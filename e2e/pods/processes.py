@@ -145,14 +145,17 @@ def launch(netns: str, hostname: str, script: str, who: Identity, argv: list[str
             env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def exec_in(pid: int, who: Identity, argv: list[str], env: dict[str, str], timeout: float) -> int:
-    """An exec probe: argv in the container's namespaces, as its user; the exit code (1 on timeout)."""
+def exec_in(pid: int, who: Identity, argv: list[str], env: dict[str, str], timeout: float,
+            log: Path | None = None) -> int:
+    """An exec probe or hook: argv in the container's namespaces, as its user; the exit code (1 on timeout).
+    Its output goes to `log` if given (a hook's to the container's log), else nowhere (a probe's)."""
     setpriv = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", f"--groups={','.join(map(str, who.groups))}"]
-    try:
-        return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *setpriv, "--", *argv], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        return 1
+    with open(log or os.devnull, "ab") as out:
+        try:
+            return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *setpriv, "--", *argv], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return 1
 
 
 def stop(process: subprocess.Popen, grace: float = 10) -> None:
