@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics, reconcile
@@ -28,12 +29,13 @@ def due(body: dict[str, Any]) -> bool:
     return not body["metadata"].get("deletionTimestamp") and not finished(body.get("status"))
 
 
-async def forever(period: float, reads: Any) -> None:
+async def forever(period: float, reads: Any, clock: Callable[[], float] = time.monotonic) -> None:
     """Reconcile (in a thread) each job that is due a period after this operator first saw it, then
     every period, as kopf's timers did: the jobs of a burst stay spread as they came, and the jobs
     found at startup (which kopf's resume handler has just reconciled) wait a period.
-    reads: handlers.Watched, whose jobs index lists the jobs and gives each one's newest copy."""
-    last: dict[str, float] = {}  # uid -> time.monotonic() when first seen, then of its last resync
+    reads: handlers.Watched, whose jobs index lists the jobs and gives each one's newest copy.
+    clock: when each pass happens (a test steps it)."""
+    last: dict[str, float] = {}  # uid -> clock() when first seen, then of its last resync
     while True:
         await asyncio.sleep(period / TICKS_PER_PERIOD)
         seen = set()
@@ -43,9 +45,10 @@ async def forever(period: float, reads: Any) -> None:
                 continue
             uid = job["metadata"]["uid"]
             seen.add(uid)
-            if time.monotonic() - last.setdefault(uid, time.monotonic()) < period:
+            now = clock()
+            if now - last.setdefault(uid, now) < period:
                 continue
-            last[uid] = time.monotonic()
+            last[uid] = now
             try:
                 with metrics.measured("resync"):
                     await asyncio.to_thread(reconcile.reconcile, job, reads)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from rlhf_operator import resync
 
-PERIOD = 0.3
+PERIOD = 1.0  # a quarter of it is exact in binary floating point: the clock steps by quarters
 
 
 def job(uid: str, **status: str) -> dict:
@@ -23,30 +22,39 @@ def test_an_unfinished_job_is_due_a_finished_or_deleted_one_is_not():
 
 
 class Jobs:
-    """handlers.Watched's two members resync reads: the index's keys and the newest copy of a job."""
+    """handlers.Watched's two members resync reads: the index's keys and the newest copy of a job.
+    passes: how many times the keys were read, one a pass."""
 
     def __init__(self, *jobs: dict):
-        self.jobs = {(j["metadata"]["namespace"], j["metadata"]["name"]): j for j in jobs}
+        self.index = {(j["metadata"]["namespace"], j["metadata"]["name"]): j for j in jobs}
+        self.passes = 0
+
+    @property
+    def jobs(self) -> dict:
+        self.passes += 1
+        return self.index
 
     def job(self, namespace: str, name: str) -> dict | None:
-        return self.jobs.get((namespace, name))
+        return self.index.get((namespace, name))
 
 
 def test_each_unfinished_job_is_reconciled_a_period_after_it_was_seen_then_every_period(monkeypatch):
+    """On a clock the test steps a quarter period at a time, with a whole pass after each step."""
+    now = [0.0]
     calls: dict[str, list[float]] = {"running": [], "done": []}
     monkeypatch.setattr(resync.reconcile, "reconcile", lambda body, reads: calls[body["metadata"]["uid"]].append(
-        time.monotonic()))
+        now[0]))
+    reads = Jobs(job("running", phase="Running"), job("done", phase="Succeeded"))
 
-    async def run() -> float:
-        started = time.monotonic()
-        task = asyncio.create_task(resync.forever(PERIOD, Jobs(job("running", phase="Running"),
-                                                               job("done", phase="Succeeded"))))
-        while len(calls["running"]) < 2 and time.monotonic() - started < 30:
-            await asyncio.sleep(0.05)
+    async def run() -> None:
+        task = asyncio.create_task(resync.forever(PERIOD, reads, clock=lambda: now[0]))
+        for step in range(1, 10):
+            # Two more passes begin: the first of them has run whole on this step's clock.
+            passes = reads.passes
+            while reads.passes < passes + 2:
+                await asyncio.sleep(PERIOD / resync.TICKS_PER_PERIOD)
+            now[0] = step * PERIOD / 4
         task.cancel()
-        return started
 
-    started = asyncio.run(run())
-    first, second = calls["running"][:2]
-    assert first - started >= PERIOD and second - first >= PERIOD  # never sooner than a period
-    assert calls["done"] == []
+    asyncio.run(run())
+    assert calls == {"running": [PERIOD, 2 * PERIOD], "done": []}
