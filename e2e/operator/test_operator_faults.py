@@ -60,7 +60,7 @@ def test_a_stricter_operator_follows_a_running_job_instead_of_failing_it(kube, n
         raise InvalidJob([FieldError("spec.training.learningRate", "a rule this release added")])
 
     monkeypatch.setattr(reconcile, "validate", stricter)
-    monkeypatch.setattr(reconcile, "_validated", {})  # a new release is a new process: nothing validated yet
+    monkeypatch.setattr(reconcile, "_validated", reconcile.Kept())  # a new release is a new process: nothing validated yet
     reconcile.reconcile(kopf.Body(get_job(kube, namespace, "running")))
     reconcile.reconcile(kopf.Body(get_job(kube, namespace, "running")))  # a resync: warned once
     assert phase(get_job(kube, namespace, "running")) == ("Running", "Training")
