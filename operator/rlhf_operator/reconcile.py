@@ -288,10 +288,14 @@ def _api_message(error: ApiException) -> str:
 
 
 def _reported_end(body: Any) -> tuple[str, str] | None:
-    """The trainer's own report that the run ended ((phase, message), from status.progress.result)."""
+    """The trainer's own report that the run ended ((phase, message), from status.progress.result).
+
+    A Failed report ends the job only when KubeRay had no retry to give (backoffLimit 0): the result
+    stays until the next attempt's trainer clears it, so in KubeRay's retry gap it is the failed
+    attempt's, and a RayJob deleted then is recreated (the run resumes from the newest checkpoint)."""
     progress = (body.get("status") or {}).get("progress") or {}
     result = progress.get("result")
-    if result not in status.TERMINAL:
+    if result not in status.TERMINAL or (result == "Failed" and body["spec"].get("backoffLimit")):
         return None
     return result, f"The trainer reported the run {result.lower()} at step {progress.get('summary', '?')}; its RayJob is gone"
 
