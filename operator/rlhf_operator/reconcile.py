@@ -206,6 +206,8 @@ def record(body: Any, observation: status.Observation, generation: int | None,
                 "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
             }, subresource="status")
         except ApiException as error:
+            if error.status == 404:
+                return  # deleted: nothing to write to
             if error.status != 409:
                 raise
             _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
@@ -298,6 +300,17 @@ def _reported_end(body: Any) -> tuple[str, str] | None:
     if result not in status.TERMINAL or (result == "Failed" and body["spec"].get("backoffLimit")):
         return None
     return result, f"The trainer reported the run {result.lower()} at step {progress.get('summary', '?')}; its RayJob is gone"
+
+
+def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
+    """Reconcile the job as the API server has it now; False if it is gone. The watch's copy may be
+    a ghost: kopf's indexes drop an object only on its DELETED event, and a relist after a watch
+    expired (410 Gone) does not remove the jobs deleted meanwhile."""
+    body = API.job(namespace, name)
+    if body is None or body["metadata"]["uid"] != uid:
+        return False
+    reconcile(body, reads)
+    return True
 
 
 def reconcile(body: Any, reads: Reads = API) -> None:

@@ -1,6 +1,9 @@
 """Every unfinished RLHFJob reconciled again once per period, whatever its events: the safety net
 for a lost watch event or a status mirror that failed (controller-runtime's SyncPeriod).
 
+Each due job is read from the API server before it is reconciled: the index keeps the jobs deleted
+while a watch was down (reconcile.resync), and those must not be acted on.
+
 Not a kopf timer: kopf puts its finalizer on every object a timer runs for, which costs each new
 job a write and a watch event before its first reconcile, and leaves a job deleted while no
 operator runs Terminating. One task walks the jobs index instead. It is started from an RLHFJob
@@ -51,7 +54,8 @@ async def forever(period: float, reads: Any, clock: Callable[[], float] = time.m
             last[uid] = now
             try:
                 with metrics.measured("resync"):
-                    await asyncio.to_thread(reconcile.reconcile, job, reads)
+                    if not await asyncio.to_thread(reconcile.resync, namespace, name, uid, reads):
+                        metrics.JOBS.gone(uid)  # a ghost of the index: no alert is to fire for it
             except Exception as error:  # the job's status says why it waits; the next pass tries again
                 log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
         for gone in last.keys() - seen:

@@ -42,8 +42,12 @@ def test_each_unfinished_job_is_reconciled_a_period_after_it_was_seen_then_every
     """On a clock the test steps a quarter period at a time, with a whole pass after each step."""
     now = [0.0]
     calls: dict[str, list[float]] = {"running": [], "done": []}
-    monkeypatch.setattr(resync.reconcile, "reconcile", lambda body, reads: calls[body["metadata"]["uid"]].append(
-        now[0]))
+
+    def reconciled(namespace: str, name: str, uid: str, reads: Jobs) -> bool:
+        calls[uid].append(now[0])
+        return True  # it exists
+
+    monkeypatch.setattr(resync.reconcile, "resync", reconciled)
     reads = Jobs(job("running", phase="Running"), job("done", phase="Succeeded"))
 
     async def run() -> None:
