@@ -68,7 +68,11 @@ class ApiProxy:
             if self._closed:
                 client.close()
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the API server is down: as if it refused this connection itself
+                client.close()
+                return
             self._open |= {client, upstream}
         back = threading.Thread(target=_relay, args=(upstream, client), daemon=True)
         back.start()

@@ -115,4 +115,5 @@ def test_a_job_re_created_under_a_ghost_s_name_follows_its_ray_job(control_plane
     wait_phase(kube, namespace, "again", "Pending", "RayJobCreated")
     RayJobStatus(kube, namespace, names.ray_job("again")).initializing()
     wait_phase(kube, namespace, "again", "Provisioning", "StartingRayCluster", timeout=30)
-    assert [ref["uid"] for ref in kube.get("RayJob", namespace, names.ray_job("again"))["metadata"]["ownerReferences"]] == [new]
+    ray_job = kube.get("RayJob", namespace, names.ray_job("again"))
+    assert [ref["uid"] for ref in ray_job["metadata"]["ownerReferences"]] == [new]

@@ -36,28 +36,29 @@ async def forever(period: float, reads: Any, clock: Callable[[], float] = time.m
     """Reconcile (in a thread) each job that is due a period after this operator first saw it, then
     every period, as kopf's timers did: the jobs of a burst stay spread as they came, and the jobs
     found at startup (which kopf's resume handler has just reconciled) wait a period.
-    reads: handlers.Watched, whose jobs index lists the jobs and gives each one's newest copy.
+    reads: handlers.Watched; its jobs index lists the jobs, each name with every copy it keeps (see
+    reconcile.resync: a name's older copies are ghosts, which the metrics then forget).
     clock: when each pass happens (a test steps it)."""
     last: dict[str, float] = {}  # uid -> clock() when first seen, then of its last resync
     while True:
         await asyncio.sleep(period / TICKS_PER_PERIOD)
         seen = set()
-        for namespace, name in list(reads.jobs):
-            job = reads.job(namespace, name)
-            if job is None or not due(job):
-                continue
-            uid = job["metadata"]["uid"]
-            seen.add(uid)
-            now = clock()
-            if now - last.setdefault(uid, now) < period:
-                continue
-            last[uid] = now
-            try:
-                with metrics.measured("resync"):
-                    if not await asyncio.to_thread(reconcile.resync, namespace, name, uid, reads):
-                        metrics.JOBS.gone(uid)  # a ghost of the index: no alert is to fire for it
-            except Exception as error:  # the job's status says why it waits; the next pass tries again
-                log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
+        for (namespace, name), copies in list(reads.jobs.items()):
+            for job in list(copies):
+                if not due(job):
+                    continue
+                uid = job["metadata"]["uid"]
+                seen.add(uid)
+                now = clock()
+                if now - last.setdefault(uid, now) < period:
+                    continue
+                last[uid] = now
+                try:
+                    with metrics.measured("resync"):
+                        if not await asyncio.to_thread(reconcile.resync, namespace, name, uid, reads):
+                            metrics.JOBS.gone(uid)  # a ghost of the index: no alert is to fire for it
+                except Exception as error:  # the job's status says why it waits; the next pass tries again
+                    log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
         for gone in last.keys() - seen:
             del last[gone]
 
