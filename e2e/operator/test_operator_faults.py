@@ -5,7 +5,7 @@ fix it names."""
 
 from __future__ import annotations
 
-import time
+from datetime import timedelta
 
 import kopf
 import pytest
@@ -16,7 +16,7 @@ from e2e.operator.kuberay import RayJobStatus
 from rlhf_api import v1alpha1 as api
 from rlhf_api.validation import FieldError, InvalidJob
 from rlhf_operator import kube as operator_kube
-from rlhf_operator import names, reconcile
+from rlhf_operator import lifecycle, names, reconcile
 
 pytestmark = pytest.mark.usefixtures("operator_client")
 
@@ -60,7 +60,7 @@ def test_a_stricter_operator_follows_a_running_job_instead_of_failing_it(kube, n
         raise InvalidJob([FieldError("spec.training.learningRate", "a rule this release added")])
 
     monkeypatch.setattr(reconcile, "validate", stricter)
-    monkeypatch.setattr(reconcile, "_validated", {})  # a new release is a new process: nothing validated yet
+    monkeypatch.setattr(reconcile, "_validated", reconcile.Kept())  # a new release is a new process: nothing validated yet
     reconcile.reconcile(kopf.Body(get_job(kube, namespace, "running")))
     reconcile.reconcile(kopf.Body(get_job(kube, namespace, "running")))  # a resync: warned once
     assert phase(get_job(kube, namespace, "running")) == ("Running", "Training")
@@ -113,8 +113,11 @@ def test_without_kuberay_the_job_waits_and_says_why(kube, namespace):
     assert phase(get_job(kube, namespace, "nokuberay")) == ("Pending", "RayJobCreated")
 
 
-def test_the_deadline_spans_kuberay_s_retries(kube, namespace):
-    """KubeRay restarts activeDeadlineSeconds with every attempt: (backoffLimit+1) x the deadline."""
+def test_the_deadline_spans_kuberay_s_retries(kube, namespace, monkeypatch):
+    """KubeRay restarts activeDeadlineSeconds with every attempt: (backoffLimit+1) x the deadline.
+    The operator's clock is the test's: a slow machine must not pass the deadline before it is checked."""
+    clock = [lifecycle.now()]
+    monkeypatch.setattr(lifecycle, "now", lambda: clock[0])
     created = create_job(kube, namespace, rlhf_job("slow", activeDeadlineSeconds=3, backoffLimit=2))
     reconcile.reconcile(kopf.Body(created))
     ray_status = RayJobStatus(kube, namespace, names.ray_job("slow"))
@@ -126,7 +129,7 @@ def test_the_deadline_spans_kuberay_s_retries(kube, namespace):
     assert status["startTime"] == started and status["message"].startswith("Attempt 2 of 3 (1 failed)")
     reconcile.deadline_passed(namespace, "slow", created["metadata"]["uid"])  # too early: nothing happens
     assert phase(get_job(kube, namespace, "slow"))[0] == "Pending"
-    time.sleep(4)
+    clock[0] += timedelta(seconds=4)
     reconcile.deadline_passed(namespace, "slow", created["metadata"]["uid"])
     status = get_job(kube, namespace, "slow")["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded") and "3s" in status["message"]

@@ -162,6 +162,11 @@ def test_ray_job_deleted_out_of_band_is_recreated_while_the_job_runs(kube, names
     ray_job.initializing()
     ray_job.running()
     wait_phase(kube, namespace, "tiny", "Running")
+    delete_and_wait_recreated(kube, namespace)
+
+
+def delete_and_wait_recreated(kube, namespace):
+    """Delete job tiny's RayJob out of band; the operator makes a new one and says so, and the job waits for it."""
     old = kube.get("RayJob", namespace, "tiny")
     kube.delete("RayJob", namespace, "tiny", old["metadata"]["uid"])
 
@@ -174,6 +179,21 @@ def test_ray_job_deleted_out_of_band_is_recreated_while_the_job_runs(kube, names
     [deleted] = wait_events(kube, namespace, "tiny", lambda e: e["reason"] == "RayJobDeleted", "the RayJobDeleted event")
     assert deleted["type"] == "Warning" and "recreating" in deleted["message"]
     assert len(children(kube, namespace, "tiny")["RayJob"]) == 1
+
+
+def test_a_ray_job_deleted_while_kuberay_retries_is_recreated_not_failed(kube, namespace, operator, kuberay_paused,
+                                                                       trainer):
+    """The failed attempt's trainer reported Failed; that report stays until the next attempt's
+    trainer clears it, and must not fail a job KubeRay was retrying."""
+    _, _, ray_job = start_job(kube, namespace, operator, backoffLimit=1)
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+    trainer.patch(api.KIND, namespace, "tiny", {"status": {"progress": {
+        "step": 2, "totalSteps": 9, "summary": "2/9", "result": "Failed"}}}, subresource="status")
+    ray_job.ray_job_failed("exit 1")  # attempt 1 of 2: Retrying
+    wait_phase(kube, namespace, "tiny", "Provisioning", "Retrying")
+    delete_and_wait_recreated(kube, namespace)
 
 
 def test_ray_job_deleted_after_the_job_finished_stays_deleted(kube, namespace, operator, kuberay_paused):

@@ -59,19 +59,29 @@ async def stuck_pods(namespace: str, name: str, labels: kopf.Labels, status: kop
 
 
 class Watched(reconcile.Reads):
-    """reconcile's reads answered from the indexes: None for what the watches have not seen."""
+    """reconcile's reads answered from the indexes: None for what the watches have not seen.
+
+    kopf keys an index's values by object uid and drops one only on its DELETED event, so an object
+    deleted while a watch was down (kopf relists on 410 Gone) stays: a name can hold several values.
+    Only one of them exists, created after the others went, so first seen last: the newest wins."""
 
     def __init__(self, kwargs: dict[str, Any]):
         self.jobs, self.ray_jobs, self.stuck_pods = kwargs["rlhf_jobs"], kwargs["ray_jobs"], kwargs["stuck_pods"]
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next(iter(self.jobs.get((namespace, name), ())), None)
+        return _newest(self.jobs.get((namespace, name), ()))
 
     def ray_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next(iter(self.ray_jobs.get((namespace, name), ())), None)
+        return _newest(self.ray_jobs.get((namespace, name), ()))
 
     def pod_problem(self, namespace: str, cluster: str) -> tuple[str, str] | None:
         return pods.pod_problem(list(self.stuck_pods.get((namespace, cluster), ())))
+
+
+def _newest(values: Any) -> dict[str, Any] | None:
+    """Of the values an index keeps for a name, the one whose object it saw first last (a kopf Store
+    iterates in the order its objects came)."""
+    return next(reversed(list(values)), None)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)

@@ -14,6 +14,8 @@ import copy
 import json
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -36,19 +38,51 @@ CRASH_EXIT_CODE = 137
 STATUS_WRITE_ATTEMPTS = 5
 DEPENDENCY_RETRY_SECONDS = 15  # how often a job waiting for a ConfigMap looks again
 KUBERAY_RETRY_SECONDS = 30  # ... for the RayJob API to be served or to accept the RayJob
-_warned_invalid: set[tuple[str, int | None]] = set()  # (uid, generation): SpecNoLongerValid posted once each
-KEPT = 4096  # entries of each per-job memory below; the oldest goes first
+KEPT = 4096  # entries of each per-job memory below
+
+
+class Kept:
+    """A per-job memory shared by kopf's handler threads and the resync: bounded, the entry written
+    least recently goes first (a running job's is rewritten on every status write and stays)."""
+
+    def __init__(self, size: int = KEPT):
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._store(key, value)
+
+    def pop(self, key: Any) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def first(self, key: Any) -> bool:
+        """Note key; True the first time (while it is kept)."""
+        with self._lock:
+            if key in self._items:
+                return False
+            self._store(key, True)
+            return True
+
+    def _store(self, key: Any, value: Any) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+
+_warned_invalid = Kept()  # (uid, generation): SpecNoLongerValid posted once each
 # (uid, generation) -> validate()'s verdict: a spec is checked once
-_validated: dict[tuple[str, int | None], api.RLHFJob | InvalidJob] = {}
+_validated = Kept()
 # uid -> the job as our newest status write returned it: a copy from the watch may predate that
 # write, and one whose status already looks as wanted would otherwise go unwritten.
-_written: dict[str, dict[str, Any]] = {}
-
-
-def _keep(memory: dict[Any, Any], key: Any, value: Any) -> None:
-    memory[key] = value
-    if len(memory) > KEPT:
-        del memory[next(iter(memory))]
+_written = Kept()
 
 
 class Reads:
@@ -100,12 +134,13 @@ def _validated_job(body: Any) -> api.RLHFJob:
     """validate() of the job's spec (schema and CEL rules, about a millisecond), once per generation."""
     meta = body["metadata"]
     key = (meta["uid"], meta.get("generation"))
-    if key not in _validated:
+    verdict = _validated.get(key)
+    if verdict is None:
         try:
-            _keep(_validated, key, validate(_manifest(body)))
+            verdict = validate(_manifest(body))
         except InvalidJob as invalid:
-            _keep(_validated, key, invalid)
-    verdict = _validated[key]
+            verdict = invalid
+        _validated.put(key, verdict)
     if isinstance(verdict, InvalidJob):
         raise verdict
     return verdict
@@ -171,9 +206,11 @@ def record(body: Any, observation: status.Observation, generation: int | None,
                 "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
             }, subresource="status")
         except ApiException as error:
+            if error.status == 404:
+                return  # deleted: nothing to write to
             if error.status != 409:
                 raise
-            _written.pop(meta["uid"], None)  # someone wrote after us: the fresh read below is newer
+            _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
             body = client.get(api.KIND, meta["namespace"], meta["name"])
             if body is None or body["metadata"]["uid"] != meta["uid"]:
                 return  # deleted meanwhile
@@ -181,7 +218,7 @@ def record(body: Any, observation: status.Observation, generation: int | None,
             if observe_again is not None:
                 observation = observe_again(body)
             continue
-        _keep(_written, meta["uid"], watched_copy(body))
+        _written.put(meta["uid"], watched_copy(body))
         crash_point("status")
         moved = status.transition(current, desired, warning=observation.warning)
         if moved:
@@ -253,12 +290,27 @@ def _api_message(error: ApiException) -> str:
 
 
 def _reported_end(body: Any) -> tuple[str, str] | None:
-    """The trainer's own report that the run ended ((phase, message), from status.progress.result)."""
+    """The trainer's own report that the run ended ((phase, message), from status.progress.result).
+
+    A Failed report ends the job only when KubeRay had no retry to give (backoffLimit 0): the result
+    stays until the next attempt's trainer clears it, so in KubeRay's retry gap it is the failed
+    attempt's, and a RayJob deleted then is recreated (the run resumes from the newest checkpoint)."""
     progress = (body.get("status") or {}).get("progress") or {}
     result = progress.get("result")
-    if result not in status.TERMINAL:
+    if result not in status.TERMINAL or (result == "Failed" and body["spec"].get("backoffLimit")):
         return None
     return result, f"The trainer reported the run {result.lower()} at step {progress.get('summary', '?')}; its RayJob is gone"
+
+
+def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
+    """Reconcile the job as the API server has it now; False if it is gone. The watch's copy may be
+    a ghost: kopf's indexes drop an object only on its DELETED event, and a relist after a watch
+    expired (410 Gone) does not remove the jobs deleted meanwhile."""
+    body = API.job(namespace, name)
+    if body is None or body["metadata"]["uid"] != uid:
+        return False
+    reconcile(body, reads)
+    return True
 
 
 def reconcile(body: Any, reads: Reads = API) -> None:
@@ -280,8 +332,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
             return
         # Admitted by an earlier schema and running: a stricter operator must not leave a running
         # RayJob behind a Failed status. Follow it, and say what a new job would have to change.
-        if (meta["uid"], meta.get("generation")) not in _warned_invalid:
-            _warned_invalid.add((meta["uid"], meta.get("generation")))
+        if _warned_invalid.first((meta["uid"], meta.get("generation"))):
             kopf.warn(body, reason="SpecNoLongerValid", message=f"this operator version would refuse the spec "
                       f"({problems}); the running job continues: fix the spec before you create the next one")
         mirror(body, ray_job, None, reads)

@@ -1,6 +1,9 @@
 """Every unfinished RLHFJob reconciled again once per period, whatever its events: the safety net
 for a lost watch event or a status mirror that failed (controller-runtime's SyncPeriod).
 
+Each due job is read from the API server before it is reconciled: the index keeps the jobs deleted
+while a watch was down (reconcile.resync), and those must not be acted on.
+
 Not a kopf timer: kopf puts its finalizer on every object a timer runs for, which costs each new
 job a write and a watch event before its first reconcile, and leaves a job deleted while no
 operator runs Terminating. One task walks the jobs index instead. It is started from an RLHFJob
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics, reconcile
@@ -28,29 +32,33 @@ def due(body: dict[str, Any]) -> bool:
     return not body["metadata"].get("deletionTimestamp") and not finished(body.get("status"))
 
 
-async def forever(period: float, reads: Any) -> None:
+async def forever(period: float, reads: Any, clock: Callable[[], float] = time.monotonic) -> None:
     """Reconcile (in a thread) each job that is due a period after this operator first saw it, then
     every period, as kopf's timers did: the jobs of a burst stay spread as they came, and the jobs
     found at startup (which kopf's resume handler has just reconciled) wait a period.
-    reads: handlers.Watched, whose jobs index lists the jobs and gives each one's newest copy."""
-    last: dict[str, float] = {}  # uid -> time.monotonic() when first seen, then of its last resync
+    reads: handlers.Watched; its jobs index lists the jobs, each name with every copy it keeps (see
+    reconcile.resync: a name's older copies are ghosts, which the metrics then forget).
+    clock: when each pass happens (a test steps it)."""
+    last: dict[str, float] = {}  # uid -> clock() when first seen, then of its last resync
     while True:
         await asyncio.sleep(period / TICKS_PER_PERIOD)
         seen = set()
-        for namespace, name in list(reads.jobs):
-            job = reads.job(namespace, name)
-            if job is None or not due(job):
-                continue
-            uid = job["metadata"]["uid"]
-            seen.add(uid)
-            if time.monotonic() - last.setdefault(uid, time.monotonic()) < period:
-                continue
-            last[uid] = time.monotonic()
-            try:
-                with metrics.measured("resync"):
-                    await asyncio.to_thread(reconcile.reconcile, job, reads)
-            except Exception as error:  # the job's status says why it waits; the next pass tries again
-                log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
+        for (namespace, name), copies in list(reads.jobs.items()):
+            for job in list(copies):
+                if not due(job):
+                    continue
+                uid = job["metadata"]["uid"]
+                seen.add(uid)
+                now = clock()
+                if now - last.setdefault(uid, now) < period:
+                    continue
+                last[uid] = now
+                try:
+                    with metrics.measured("resync"):
+                        if not await asyncio.to_thread(reconcile.resync, namespace, name, uid, reads):
+                            metrics.JOBS.gone(uid)  # a ghost of the index: no alert is to fire for it
+                except Exception as error:  # the job's status says why it waits; the next pass tries again
+                    log.info("resync of RLHFJob %s/%s: %s", namespace, name, error)
         for gone in last.keys() - seen:
             del last[gone]
 
