@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -143,8 +144,10 @@ def test_a_leader_whose_renewals_hang_stops_before_the_standby_takes_over(
     wait_phase(kube, namespace, "before-hang", "Pending", "RayJobCreated")
 
     api_proxy.hang()  # every call of the leader's, its renewals too, now waits forever
+    hung_at = time.monotonic()
     wait_for(lambda: operator.proc.poll() is not None or leads(standby), 60,
              "the hung leader to stop or the standby to lead")
+    stopped_after = time.monotonic() - hung_at
     assert operator.proc.poll() == LOST_LEASE_EXIT_CODE, "the standby leads while the hung leader still runs"
     # It stopped on its own clock, before its Lease ran out: nobody had taken over nor reconciled.
     assert lease(kube, namespace)["holderIdentity"] == leader and handler_runs(standby) == 0
@@ -152,6 +155,8 @@ def test_a_leader_whose_renewals_hang_stops_before_the_standby_takes_over(
 
     wait_for(lambda: leads(standby), 60, "the standby to take the Lease over")
     assert lease(kube, namespace)["holderIdentity"] != leader
+    print(f"\nhalf-open API: the leader stopped {stopped_after:.1f}s after the hang (renew deadline 3 s), "
+          f"the standby led after {time.monotonic() - hung_at:.1f}s (lease 10 s)")
     after = create_job(kube, namespace, rlhf_job("after-hang"))["metadata"]["uid"]
     wait_phase(kube, namespace, "after-hang", "Pending", "RayJobCreated")
     assert_one_of_each(kube, namespace, "before-hang", before)
