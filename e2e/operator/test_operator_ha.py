@@ -5,7 +5,7 @@ the Lease has run out, finishes every job with exactly one set of children, and 
 reconciled nothing after its death while the standby reconciled nothing before it. A leader whose
 Lease is taken stops with LOST_LEASE_EXIT_CODE; a leader stopped with SIGTERM hands over.
 A leader whose API connections go half-open (e2e/operator/hangproxy.py) stops before the standby
-takes over, and renewals go on while every thread of asyncio's default executor is busy.
+takes over, a handler's call on such a connection fails instead of waiting forever, and renewals go on while every thread of asyncio's default executor is busy.
 Timings are short (lease 4 s, renew deadline 3 s, retry 0.5 s) so the test does not wait 15 s.
 """
 
@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from kubernetes import config as k8s_config
 
 from e2e.fixtures import wait_for
 from e2e.operator.conftest import OperatorProcess
@@ -30,6 +31,7 @@ from e2e.operator.test_operator_crash import assert_one_of_each
 from rlhf_operator.kube import Kube
 from rlhf_operator.leader import Elector, Timing
 from rlhf_operator.runner import LOST_LEASE_EXIT_CODE
+from rlhf_operator.settings import CONNECT_TIMEOUT, REQUEST_TIMEOUT
 
 LEASE = "rlhf-operator-ha"
 HANDLER_RUN = re.compile(r"Handler '\w+' (succeeded|failed)")
@@ -173,6 +175,30 @@ def test_a_replica_cut_off_from_the_api_server_is_alive_but_not_ready(
     api_proxy.hang()
     wait_for(lambda: ready(standby) == 503, 30, "the cut-off standby to be unready")
     assert standby.healthy() and ready(operator) == 200  # alive: restarting it would not help
+
+
+def test_a_call_on_a_half_open_connection_fails_instead_of_hanging(control_plane, namespace, api_proxy, tmp_path):
+    """Handlers' calls (kube.py) are bounded as kopf's own are: a hung one frees its thread."""
+    kubeconfig = api_proxy.kubeconfig(control_plane.kubeconfig, tmp_path / "through-proxy")
+    client = Kube(k8s_config.new_client_from_config(config_file=str(kubeconfig)))  # the default timeouts
+    assert client.get("Lease", namespace, LEASE) is None  # through the proxy, before it hangs
+    api_proxy.hang()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.get("Lease", namespace, LEASE)
+        except Exception as error:  # noqa: BLE001  (whichever urllib3 raises for a read timeout)
+            outcome.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    # The read times out, then urllib3 retries a GET up to 3 times, each new connection's TLS
+    # handshake bounded by the connect timeout: 90 s with the defaults.
+    bound = REQUEST_TIMEOUT + 3 * CONNECT_TIMEOUT
+    wait_for(lambda: not caller.is_alive(), 2 * bound, "the hung call to fail")
+    assert outcome and "timed out" in str(outcome[0]).lower(), outcome
+    client.api_client.close()
 
 
 def test_renewals_go_on_while_the_default_executor_is_busy(control_plane, kube, namespace):
