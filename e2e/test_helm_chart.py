@@ -1,5 +1,6 @@
-"""The Helm chart on a real API server: its values schema, every rendered object accepted by a
-server-side dry-run, and the CRD's lifecycle (installed and upgraded with the chart, kept on
+"""The Helm chart on a real API server: its values schema and render-time checks, every rendered
+object accepted by a server-side dry-run (the trainers' NetworkPolicy, the PodDisruptionBudget of
+replicas > 1 too), and the CRD's lifecycle (installed and upgraded with the chart, kept on
 uninstall together with the users' RLHFJobs)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from e2e.controlplane.binaries import built
-from rlhf_operator import render
+from rlhf_operator import names, render
 
 pytestmark = pytest.mark.needs_build  # helm and CRDs from e2e/build/build.sh
 
@@ -62,8 +63,22 @@ VALUE_SETS = {
         "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1", "team": "ml-platform"},
                              "annotations": {"grafana_folder": "RLHF"}},
     },
+    "trainer-network-policy": {
+        "watchNamespaces": ["team-a", "team-b"],
+        "replicas": 2,
+        "trainerNetworkPolicy": {
+            "enabled": True,
+            "apiServer": {"cidrs": ["10.96.0.1/32", "172.18.0.2/32"]},
+            "services": [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rewards"}},
+                                  "podSelector": {"matchLabels": {"app": "reward"}}}],
+                          "ports": [{"port": 8000}]}],
+            "trackers": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "10.0.0.0/8"]}}],
+                          "ports": [{"port": 443}]}],
+        },
+    },
 }
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+CHART_APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +147,15 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
         assert "priorityClassName" not in pod["spec"] and "annotations" not in pod["metadata"]
         env = pod["spec"]["containers"][0]["env"]
-        assert [e["name"] for e in env] == ["POD_NAMESPACE"]  # jobs without an image get the release's trainer
+        # Jobs without an image get the trainer of the chart's version: the operator's own default for it.
+        assert env[1] == {"name": render.TRAINER_IMAGE_ENV, "value": f"ghcr.io/rlhf-operator/trainer:{CHART_APP_VERSION}"}
+        assert env[1]["value"] == render.DEFAULT_TRAINER_IMAGE
         assert "--leader-elect" in pod["spec"]["containers"][0]["args"]
         assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}  # standbys wait for the Lease
+        container = pod["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert "affinity" not in pod["spec"] and "PodDisruptionBudget" not in kinds  # one replica
     if name == "scoped-and-annotated":
         assert pod["metadata"]["labels"]["team"] == "ml-platform"
         assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "rlhf-operator"
@@ -143,6 +164,14 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
         assert pod["spec"]["containers"][0]["env"][1:] == [
             {"name": render.TRAINER_IMAGE_ENV, "value": "registry.example.com/rlhf/trainer:0.1.0"}]  # what render reads
         assert pod["spec"]["containers"][0]["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+        # The values' node affinity, and the replicas preferably on different nodes.
+        assert pod["spec"]["affinity"]["nodeAffinity"] == VALUE_SETS[name]["affinity"]["nodeAffinity"]
+        (spread,) = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert spread["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        budget = next(d for d in docs if d["kind"] == "PodDisruptionBudget")["spec"]
+        assert budget["maxUnavailable"] == 1
+        assert budget["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
         sa = next(d for d in docs if d["kind"] == "ServiceAccount")
         assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}
     if name == "crd-elsewhere-own-security":
@@ -171,7 +200,27 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
         assert dashboard["metadata"]["annotations"] == {"grafana_folder": "RLHF"}
         assert json.loads(dashboard["data"]["rlhf-operator.json"])["uid"] == "rlhf-operator"
     if name == "default":
-        assert not kinds & {*MONITORING_KINDS, "ConfigMap"}  # monitoring is opt-in
+        assert not kinds & {*MONITORING_KINDS, "ConfigMap", "NetworkPolicy"}  # monitoring and the policy are opt-in
+    if name == "trainer-network-policy":
+        policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+        assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+        spec = policies[0]["spec"]
+        assert spec["policyTypes"] == ["Egress"]  # ingress stays open: the metrics scrape, Ray's clients
+        # It selects every pod of a job, as the operator labels them, and lets them reach each other.
+        assert selects(spec["podSelector"], names.pod_metadata("some-job", "worker")["labels"])
+        assert spec["egress"][0] == {"to": [{"podSelector": spec["podSelector"]}]}
+        dns, api_server, reward, trackers = spec["egress"][1:]
+        assert {port["port"] for port in dns["ports"]} == {53}
+        assert [peer["ipBlock"]["cidr"] for peer in api_server["to"]] == ["10.96.0.1/32", "172.18.0.2/32"]
+        assert [reward, trackers] == (VALUE_SETS[name]["trainerNetworkPolicy"]["services"]
+                                      + VALUE_SETS[name]["trainerNetworkPolicy"]["trackers"])
+
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions with Exists) matches these labels."""
+    expressions = selector.get("matchExpressions", [])
+    assert all(e["operator"] == "Exists" for e in expressions), expressions
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(e["key"] in labels for e in expressions)
 
 
 def test_chart_crd_is_the_generated_file_with_keep(helm):
@@ -201,6 +250,10 @@ def test_packaged_chart_carries_the_crd(helm, tmp_path):
     ({"serviceMonitor": {"interval": "30 seconds"}}, "/serviceMonitor/interval", "pattern"),
     ({"prometheusRule": {"thresholds": {"queuedMinutes": 0}}}, "/prometheusRule/thresholds/queuedMinutes", "minimum"),
     ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}, "/grafanaDashboard/labels/grafana_dashboard", "string"),
+    ({"trainerNetworkPolicy": {"enabled": True, "namespaces": ["a"], "services": [{"to": [], "port": 80}]}},
+     "/trainerNetworkPolicy/services/0", "additional properties"),
+    ({"trainerNetworkPolicy": {"enabled": True, "namespaces": ["a"], "apiServer": {"cidrs": ["10.96.0.1"]}}},
+     "/trainerNetworkPolicy/apiServer/cidrs/0", "pattern"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm, tmp_path, values, field, message):
     path = values_file(tmp_path, values)
@@ -209,6 +262,21 @@ def test_bad_values_are_refused_naming_the_field(helm, tmp_path, values, field, 
         output = result.stderr + result.stdout
         assert result.returncode != 0, output
         assert field in output and message in output, output
+
+
+@pytest.mark.parametrize("values,field,message", [
+    # A leader must stop (renew deadline) before a standby may take over (lease duration).
+    ({"leaderElection": {"enabled": True, "leaseDuration": 10, "renewDeadline": 10, "retryPeriod": 2}},
+     "retryPeriod (2) < renewDeadline (10) < leaseDuration (10)", "does not hold"),
+    ({"leaderElection": {"enabled": True, "leaseDuration": 15, "renewDeadline": 10, "retryPeriod": 10}},
+     "retryPeriod (10) < renewDeadline (10)", "does not hold"),
+    ({"trainerNetworkPolicy": {"enabled": True}}, "trainerNetworkPolicy.namespaces", "namespace only"),
+])
+def test_values_the_schema_cannot_relate_fail_the_render(helm, tmp_path, values, field, message):
+    """Checks across values, made by the templates (helm lint reports a template's fail only as INFO)."""
+    result = helm("template", RELEASE, str(CHART), "-f", values_file(tmp_path, values), check=False)
+    output = result.stderr + result.stdout
+    assert result.returncode != 0 and field in output and message in output, output
 
 
 def crd_schema_properties(cp) -> dict:

@@ -135,7 +135,8 @@ def parser() -> argparse.ArgumentParser:
                        help="watch this namespace (repeatable; a glob such as team-* works too)")
     scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
     operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (%(default)s)")
-    operator.add_argument("--health-port", type=int, default=8081, help="liveness endpoint port, /healthz (%(default)s)")
+    operator.add_argument("--health-port", type=int, default=8081,
+                          help="port of /healthz (liveness) and /readyz (readiness) (%(default)s)")
     operator.add_argument("--verbose", action="store_true", help="log every handler run")
     operator.add_argument("--resync-seconds", type=_positive_seconds, default=120.0, metavar="SECONDS",
                           help="reconcile every unfinished job again this often, whatever its events (%(default)s)")

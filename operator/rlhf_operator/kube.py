@@ -16,7 +16,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_api import v1alpha1 as api
-from .settings import HANDLER_THREADS
+from .settings import CONNECT_TIMEOUT, HANDLER_THREADS, REQUEST_TIMEOUT
 
 # kind -> (API path prefix, plural)
 RESOURCES = {
@@ -35,11 +35,12 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class Kube:
-    def __init__(self, api_client: k8s.ApiClient):
-        self.api_client = api_client
+    def __init__(self, api_client: k8s.ApiClient, timeout: tuple[float, float] = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)):
+        """timeout: (connect, read) seconds of every request, so that no call waits forever on a dead connection."""
+        self.api_client, self.timeout = api_client, timeout
 
     @classmethod
-    def from_environment(cls) -> Kube:
+    def from_environment(cls, **kwargs: Any) -> Kube:
         configuration = k8s.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             k8s_config.load_incluster_config(client_configuration=configuration)
@@ -47,7 +48,7 @@ class Kube:
             k8s_config.load_kube_config(client_configuration=configuration)
         # A connection for each handler thread at least (the default is 5 per CPU).
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, HANDLER_THREADS)
-        return cls(k8s.ApiClient(configuration))
+        return cls(k8s.ApiClient(configuration), **kwargs)
 
     def _request(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
                  content_type: str = "application/json") -> Any:
@@ -55,7 +56,7 @@ class Kube:
             method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
             header_params={"Accept": "application/json", "Content-Type": content_type},
         )
-        response = self.api_client.call_api(*request)
+        response = self.api_client.call_api(*request, _request_timeout=self.timeout)
         data = response.read()
         if not 200 <= response.status <= 299:
             self.api_client.response_deserialize(response, {})  # raises the matching ApiException

@@ -1,14 +1,15 @@
 """Run the operator in this process (`rlhf operator`): kopf with our handlers and settings.
 
-Metrics and /healthz are served from the start, by every replica; with leader election, only the
-replica holding the Lease runs kopf (a standby is alive and waits). A leader that loses the Lease
-stops reconciling and exits with LOST_LEASE_EXIT_CODE, so Kubernetes restarts it as a standby.
+Metrics, /healthz and /readyz are served from the start, by every replica; with leader election,
+only the replica holding the Lease runs kopf (a standby is alive and waits). A leader that loses
+the Lease exits at once with LOST_LEASE_EXIT_CODE, so Kubernetes restarts it as a standby.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 
 import kopf
@@ -43,11 +44,11 @@ def run(options: Options) -> int:
 
 async def _serve(options: Options) -> int:
     metrics.serve(options.metrics_port)
-    health = await _health_server(options.health_port)
+    health = await _health_server(options.health_port, options.elector)
     try:
         if options.elector is None:
             metrics.LEADER.set(1)
-            await _kopf(options, stop_flag=None)
+            await _kopf(options)
             return 0
         return await _lead(options, options.elector)
     finally:
@@ -57,32 +58,41 @@ async def _serve(options: Options) -> int:
 async def _lead(options: Options, elector: Elector) -> int:
     await elector.acquire()
     metrics.LEADER.set(1)
-    stop_flag = asyncio.Event()
-    operator = asyncio.create_task(_kopf(options, stop_flag))
-    keep = asyncio.create_task(elector.keep())
-    await asyncio.wait({operator, keep}, return_when=asyncio.FIRST_COMPLETED)
-    if keep.done():  # the Lease is lost: stop before a standby may take over
-        stop_flag.set()
-        await operator
-        return LOST_LEASE_EXIT_CODE
-    keep.cancel()
-    await asyncio.to_thread(elector.release)
-    operator.result()  # re-raise what ended kopf, if anything did
+    elector.keep(lost=_exit_at_once)
+    try:
+        await _kopf(options)
+    finally:
+        await asyncio.to_thread(elector.release)
     return 0
 
 
-async def _kopf(options: Options, stop_flag: asyncio.Event | None) -> None:
+def _exit_at_once() -> None:
+    """The Lease is lost: end the process from the renewal thread, whatever the event loop and the
+    handler threads are doing (as kube-controller-manager does). A graceful stop of kopf would let
+    handlers, the resync and the daemons write on while a standby may already lead."""
+    logging.shutdown()  # flush the log first: "lost Lease" is the last line
+    os._exit(LOST_LEASE_EXIT_CODE)
+
+
+async def _kopf(options: Options) -> None:
     await kopf.operator(clusterwide=not options.namespaces, namespaces=options.namespaces, standalone=True,
-                        stop_flag=stop_flag, memo=kopf.Memo(resync_seconds=options.resync_seconds))
+                        memo=kopf.Memo(resync_seconds=options.resync_seconds))
 
 
-async def _health_server(port: int) -> web.AppRunner:
-    """200 on /healthz while this process's event loop answers (leader or standby)."""
+async def _health_server(port: int, elector: Elector | None) -> web.AppRunner:
+    """/healthz: 200 while this process's event loop answers (leader or standby): liveness.
+    /readyz: 200 while, besides, the API server answered a Lease read within the renew deadline
+    (always, without leader election): a replica cut off from the API server is not ready."""
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def readyz(_: web.Request) -> web.Response:
+        if elector is None or elector.ready():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="no answer from the API server to a Lease read within the renew deadline")
+
     app = web.Application()
-    app.add_routes([web.get("/healthz", healthz)])
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", port).start()

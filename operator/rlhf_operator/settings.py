@@ -17,6 +17,10 @@ from .names import JOB_LABEL, LABEL_MANAGED_BY, MANAGED_BY
 # so more threads than CPUs: at 300 jobs in a burst, 32 cut apply->RayJob p99 from 29 s to 18 s
 # (benchmarks/README.md).
 HANDLER_THREADS = 32
+# Every API request's bounds (seconds), kopf's and kube.py's alike: a connection gone half-open
+# fails the call after these instead of holding a handler thread forever. Watches have their own.
+CONNECT_TIMEOUT = 10
+REQUEST_TIMEOUT = 60
 PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name
 FINALIZER = f"{PREFIX}/finalizer"
 
@@ -46,14 +50,14 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # Reconnect watches before the API server or a load balancer silently drops them.
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
-    settings.watching.connect_timeout = 10
+    settings.watching.connect_timeout = CONNECT_TIMEOUT
     settings.watching.reconnect_backoff = 1.0
     # Only RayJobs we created: filtered by the API server, not after the fact.
     settings.watching.label_selectors["ray.io", "rayjobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     settings.watching.label_selectors["v1", "pods"] = JOB_LABEL  # our Ray clusters' pods only
 
-    settings.networking.request_timeout = 60
-    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = REQUEST_TIMEOUT
+    settings.networking.connect_timeout = CONNECT_TIMEOUT
     settings.networking.error_backoffs = (1, 2, 5, 10, 30, 60)
     settings.execution.default_backoff = 10  # retry of a failed handler (API errors, conflicts)
     settings.execution.max_workers = HANDLER_THREADS

@@ -13,3 +13,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/name: rlhf-operator
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- /* The trainer image of jobs that name none: trainerImage, else the trainer of the chart's appVersion
+(the operator's own default, rlhf_operator.render.DEFAULT_TRAINER_IMAGE, for the same version). */ -}}
+{{- define "rlhf-operator.trainerImage" -}}
+{{- .Values.trainerImage | default (printf "ghcr.io/rlhf-operator/trainer:%s" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- /* The values' affinity; with replicas > 1, replicas preferably on different nodes (unless the
+values set a podAntiAffinity): a node's loss then costs the leader or a standby, not both. */ -}}
+{{- define "rlhf-operator.affinity" -}}
+{{- $affinity := deepCopy .Values.affinity -}}
+{{- if and (gt (int .Values.replicas) 1) (not (hasKey $affinity "podAntiAffinity")) -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "rlhf-operator.selector" . | fromYaml)) -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
+{{- end -}}
+{{- toYaml $affinity -}}
+{{- end -}}
