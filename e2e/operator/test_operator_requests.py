@@ -11,12 +11,13 @@ of the RLHFJob or the RayJob (except after a conflict on the status write) or a 
 from __future__ import annotations
 
 import collections
+import re
 import sys
-import time
 from typing import Any
 
 import kopf
 
+from e2e.fixtures import wait_for
 from e2e.operator.conftest import OperatorProcess, _delete_jobs
 from e2e.operator.inprocess import use_client
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_phase
@@ -86,22 +87,14 @@ def test_a_stale_copy_of_the_job_costs_two_reads_and_no_list(kube, namespace, op
     assert get_job(kube, namespace, "tiny")["status"]["phase"] == "Provisioning"
 
 
-def settled_requests(control_plane, release: str, started: int, namespace: str, quiet: float = 2.0,
-                     timeout: float = 60.0) -> list[dict]:
-    """The operator's completed requests in namespace since `started`, once it has made none there for
-    `quiet` seconds: a handler still at work when the job reached its phase (say, the reads after a
-    conflict) is counted whole, not cut between its write and its reads."""
-    def completed() -> list[dict]:
-        return [e for e in audited(control_plane, release)[started:]
-                if e["stage"] == "ResponseComplete" and e["objectRef"].get("namespace") == namespace]
-
-    requests, deadline = completed(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(quiet)
-        if len(again := completed()) == len(requests):
-            return requests
-        requests = again
-    raise AssertionError(f"the operator kept making requests in {namespace} for {timeout:.0f}s")
+def settled_requests(control_plane, release: str, started: int, namespace: str, operator: OperatorProcess) -> list[dict]:
+    """The operator's completed requests in namespace since `started`, once no handler of its runs
+    (rlhf_operator_handlers_active): a handler still at work when the job reached its phase (say, the
+    reads after a conflict) is counted whole, not cut between its write and its reads."""
+    wait_for(lambda: not re.search(r"^rlhf_operator_handlers_active\{.*\} [1-9]", operator.metrics(), re.M), 60,
+             "the operator's handlers to finish")
+    return [e for e in audited(control_plane, release)[started:]
+            if e["stage"] == "ResponseComplete" and e["objectRef"].get("namespace") == namespace]
 
 
 def test_a_job_and_a_ray_job_event_cost_no_reads(helm, control_plane, kube, namespace, audited_namespace,
@@ -117,7 +110,7 @@ def test_a_job_and_a_ray_job_event_cost_no_reads(helm, control_plane, kube, name
         wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
         RayJobStatus(kube, namespace, "tiny").initializing()
         wait_phase(kube, namespace, "tiny", "Provisioning")
-        requests = settled_requests(control_plane, release, started, namespace)  # not the deletion below
+        requests = settled_requests(control_plane, release, started, namespace, operator)  # not the deletion below
     finally:
         _delete_jobs(kube, namespace, operator)
         operator.stop()

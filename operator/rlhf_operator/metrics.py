@@ -29,6 +29,8 @@ RECONCILE_SECONDS = Histogram(
 )
 LEADER = Gauge("rlhf_operator_leader", "1 on the replica that reconciles (holds the leader Lease), 0 on a standby.")
 ERRORS = Counter("rlhf_operator_errors_total", "Handler runs that raised, by exception kind.", ["kind"])
+ACTIVE = Gauge("rlhf_operator_handlers_active", "Handler runs under way, by handler (controller-runtime's "
+               "active workers): a worker pool that stays full is the sign to look for.", ["handler"])
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ REGISTRY.register(JOBS)
 def measured(handler: str) -> Iterator[None]:
     """Time a handler run and count what it raises (the exception still propagates to kopf). A
     TemporaryError is kopf's scheduled retry of a job that waits (e.g. for a ConfigMap), not an error."""
-    with RECONCILE_SECONDS.labels(handler).time():
+    with ACTIVE.labels(handler).track_inprogress(), RECONCILE_SECONDS.labels(handler).time():
         try:
             yield
         except kopf.TemporaryError:

@@ -108,7 +108,8 @@ def test_retry_after_parses_both_forms():
 def test_a_slow_service_is_retried_after_its_timeout(service):
     svc = service(("slow", 30))  # the first request gets no answer in time, the second does
     sleeps = []
-    assert scorer(svc.url, sleeps, timeout=0.3, retries=2)(PROMPTS, COMPLETIONS, LABELS) == GOOD
+    # A timeout a busy machine's answer from this process never nears (0.3 s was, under load).
+    assert scorer(svc.url, sleeps, timeout=3, retries=2)(PROMPTS, COMPLETIONS, LABELS) == GOOD
     assert svc.requests == 2 and sleeps == [0.5]
 
 
