@@ -367,7 +367,7 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", WAIT_FOR_HEAD]}}}
     if resources.rdma:
         # RDMA registers (pins) memory, which needs IPC_LOCK.
-        # PodSecurity "restricted" refuses it: such jobs need a namespace at "baseline" or above.
+        # PodSecurity "baseline" and "restricted" refuse it: such jobs need a "privileged" namespace.
         container["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
 
     nodes = resources.nodes
