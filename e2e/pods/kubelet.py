@@ -190,7 +190,9 @@ class Pod:
         self.process = None
         self.deleting = threading.Event()
         self.grace = float(self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
-        self.container_env: tuple[users.Identity, dict[str, str]] | None = None  # the running container's
+        # The running container's user and environment: its exec probes and hooks run as it.
+        self.who: users.Identity | None = None
+        self.env: dict[str, str] = {}
         self.log = self.root / "container.log"
         self.restarts = 0
         self.started_at = now()
@@ -267,8 +269,8 @@ class Pod:
                 users.own_volume(volume.path, security["fsGroup"], security.get("fsGroupChangePolicy", "Always"))
         return made
 
-    def _launch(self, container: dict[str, Any], made: dict[str, volumes.Volume]):
-        who = users.identity(self.spec, container)
+    def _launch(self, container: dict[str, Any], made: dict[str, volumes.Volume]) -> None:
+        self.who = who = users.identity(self.spec, container)
         home = users.home(self.root, who)
         hosts = self.kubelet._hosts(self.namespace).path
         resolv = self.root / "resolv.conf"
@@ -278,7 +280,7 @@ class Pod:
                   for mount in volumes.container_mounts(container, made, None)]
         script = (processes.image_script(self.root, hosts, resolv, home) + volumes.bind_script(mounts, volumes.memory_tmpfs(made))
                   + processes.tmp_script(self.root))
-        env = processes.resolve_env(
+        self.env = env = processes.resolve_env(
             container, processes.pod_fields(self.pod, self.ip, network.GATEWAY),
             lambda kind, name: volumes.data(self.kubelet.core, self.namespace, kind, name),
             {"HOSTNAME": self.name, "KUBERNETES_SERVICE_HOST": network.KUBERNETES_SERVICE[0],
@@ -287,14 +289,13 @@ class Pod:
         with open(self.log, "a") as log:
             log.write(f"--- {container['name']} as {who.uid}:{who.gid} {who.groups} (pod securityContext "
                       f"{self.spec.get('securityContext')}): {argv}\n")
-        process = processes.launch(self.netns, self.name, script, who, argv,
-                                   container.get("workingDir", processes.IMAGE_HOME), env, self.log)
-        return process, who, env
+        self.process = processes.launch(self.netns, self.name, script, who, argv,
+                                        container.get("workingDir", processes.IMAGE_HOME), env, self.log)
 
     def _init_containers(self, made: dict[str, volumes.Volume]) -> bool:
         for container in self.spec.get("initContainers", []):
             while True:
-                self.process, _, _ = self._launch(container, made)
+                self._launch(container, made)
                 code = self._wait_exit()
                 self.process = None
                 if code == 0:
@@ -309,11 +310,10 @@ class Pod:
     def _run(self, container: dict[str, Any], made: dict[str, volumes.Volume]) -> None:
         policy = self.spec.get("restartPolicy", "Always")
         while not self.deleting.is_set():
-            self.process, who, env = self._launch(container, made)
-            self.container_env = who, env
+            self._launch(container, made)
             self.started_at = now()
             self._status("Running", ready=False)
-            code = self._probe_until_exit(container, who, env)
+            code = self._probe_until_exit(container)
             if self.deleting.is_set():
                 return
             if policy == "Never" or (policy == "OnFailure" and code == 0):
@@ -327,9 +327,9 @@ class Pod:
         once the grace period (the hook's time included) has passed."""
         deadline = time.monotonic() + self.grace
         hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
-        if hook is not None and self.container_env is not None:
-            who, env = self.container_env
-            code = processes.exec_in(self.process.pid, who, hook["command"], env, timeout=self.grace, log=self.log)
+        if hook is not None:
+            code = processes.exec_in(self.process.pid, self.who, hook["command"], self.env, timeout=self.grace,
+                                     log=self.log)
             with open(self.log, "a") as log:
                 log.write(f"--- preStop hook exited {code}\n")
         processes.stop(self.process, grace=max(deadline - time.monotonic(), PRESTOP_EXTRA_GRACE_SECONDS))
@@ -340,7 +340,7 @@ class Pod:
                 processes.stop(self.process, grace=5)
         return self.process.returncode
 
-    def _probe_until_exit(self, container: dict[str, Any], who: users.Identity, env: dict[str, str]) -> int:
+    def _probe_until_exit(self, container: dict[str, Any]) -> int:
         """Readiness from the container's readinessProbe (Ready while it passes; at once without one)."""
         probe = container.get("readinessProbe")
         ready, next_probe = False, time.monotonic() + (probe or {}).get("initialDelaySeconds", 0)
@@ -350,17 +350,17 @@ class Pod:
                 break
             if time.monotonic() < next_probe:
                 continue
-            passed = self._probe(probe, who, env) if probe else True
+            passed = self._probe(probe) if probe else True
             next_probe = time.monotonic() + (probe or {}).get("periodSeconds", 10)
             if passed != ready:
                 ready = passed
                 self._status("Running", ready=ready)
         return self.process.returncode
 
-    def _probe(self, probe: dict[str, Any], who: users.Identity, env: dict[str, str]) -> bool:
+    def _probe(self, probe: dict[str, Any]) -> bool:
         timeout = probe.get("timeoutSeconds", 1)
         if "exec" in probe:
-            return processes.exec_in(self.process.pid, who, probe["exec"]["command"], env, timeout) == 0
+            return processes.exec_in(self.process.pid, self.who, probe["exec"]["command"], self.env, timeout) == 0
         if "httpGet" in probe:
             get = probe["httpGet"]
             try:
