@@ -1,12 +1,15 @@
 """Sample packing (training.packSamples): the packed forward gives the padded forward's log-probs and
 gradients, for every attention implementation transformers runs on CPU, on a batch of mixed lengths
-laid out as the trainer lays it out (left-padded prompts, right-padded responses)."""
+laid out as the trainer lays it out (left-padded prompts, right-padded responses). flash_attention_2
+needs a GPU: its layout (one row) is run here under sdpa and eager, and checked with transformers'
+own test for whether flash-attention reads a batch as packed samples."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
 
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 from rlhf_trainer.losses import masked_sum, token_log_probs
@@ -32,10 +35,12 @@ def mixed_batch(vocab: int, shapes=SHAPES, actions: int = ACTIONS, seed: int = 0
     return sequences, attention_mask, attention_mask[:, -actions:].bool()
 
 
-def _model(model_dir, attn: str, packed: bool) -> Model:
-    """The trainer's Model with a plain transformers module as its engine (the forward is the same)."""
+def _model(model_dir, attn: str, packed: bool, spec_attn: str | None = None) -> Model:
+    """The trainer's Model with a plain transformers module as its engine (the forward is the same),
+    running attention `attn` and packing as for models.actor.attnImplementation `spec_attn`."""
     module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
-    cfg = ModelConfig(role="actor", path=str(model_dir), model=ModelSpec(path=str(model_dir), dtype="float32"),
+    spec = ModelSpec(path=str(model_dir), dtype="float32", attn_implementation=spec_attn or attn)
+    cfg = ModelConfig(role="actor", path=str(model_dir), model=spec,
                       training=TrainingSpec(pack_samples=packed), temperature=0.7)
     return Model(cfg, 0, module, tokenizer=None, zero3=False)
 
@@ -49,9 +54,10 @@ def _log_probs_and_grads(model: Model, sequences, attention_mask, action_mask):
     return log_probs.detach(), grads
 
 
+@pytest.mark.parametrize("spec_attn", [None, "flash_attention_2"], ids=["own-layout", "flash-layout"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_log_probs_and_gradients_equal_padded(tiny_model, attn):
-    padded, packed = _model(tiny_model, attn, packed=False), _model(tiny_model, attn, packed=True)
+def test_packed_log_probs_and_gradients_equal_padded(tiny_model, attn, spec_attn):
+    padded, packed = _model(tiny_model, attn, packed=False), _model(tiny_model, attn, True, spec_attn)
     sequences, attention_mask, action_mask = mixed_batch(padded.engine.config.vocab_size)
     expected, expected_grads = _log_probs_and_grads(padded, sequences, attention_mask, action_mask)
     got, grads = _log_probs_and_grads(packed, sequences, attention_mask, action_mask)
@@ -61,6 +67,25 @@ def test_packed_log_probs_and_gradients_equal_padded(tiny_model, attn):
     for name, grad in grads.items():  # float32 rounding, relative to each gradient's scale (up to 200 here)
         expected_grad = expected_grads[name]
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5 * expected_grad.abs().max(), msg=name)
+
+
+def test_flash_attention_reads_the_packed_batch_as_separate_samples(tiny_model):
+    """With attnImplementation flash_attention_2, the batch the model is called with is one that
+    flash-attention's own check reads as packed samples, with a boundary at every sample's start
+    (run under sdpa: flash-attention needs a GPU, the batch is the same)."""
+    model = _model(tiny_model, "sdpa", packed=True, spec_attn="flash_attention_2")
+    calls = []
+    model.engine.register_forward_pre_hook(lambda _, args, kwargs: calls.append(kwargs), with_kwargs=True)
+    sequences, attention_mask, _ = mixed_batch(model.engine.config.vocab_size)
+    with torch.no_grad():
+        model.action_log_probs(sequences, attention_mask, ACTIONS)
+    (call,) = calls
+    input_ids, position_ids = call["input_ids"], call["position_ids"]
+    assert _is_packed_sequence(position_ids, batch_size=input_ids.shape[0])
+    (cu_seqlens, _), (max_length, _) = prepare_fa_kwargs_from_position_ids(position_ids)
+    lengths = sorted(cu_seqlens.diff().tolist())
+    assert lengths == sorted(attention_mask.sum(-1).tolist()) and max_length == max(lengths)
+    assert cu_seqlens[-1] == input_ids.numel() == attention_mask.sum()  # no padding at all
 
 
 def test_packing_keeps_attention_within_each_sample(tiny_model):

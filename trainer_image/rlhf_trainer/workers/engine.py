@@ -139,7 +139,8 @@ class Model:
         """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature; the
         samples packed without padding with training.packSamples (packing.py)."""
         if self.cfg.training.pack_samples:
-            packed = pack(sequences, attention_mask, num_actions)
+            packed = pack(sequences, attention_mask, num_actions,
+                          one_row=self.cfg.model.attn_implementation == "flash_attention_2")
             # No KV cache: transformers reads packed position ids as sample boundaries only without one.
             logits = unpack_logits(self.engine(input_ids=packed.input_ids, position_ids=packed.position_ids,
                                                logits_to_keep=packed.keep, use_cache=False).logits, packed)

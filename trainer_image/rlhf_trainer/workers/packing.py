@@ -1,14 +1,19 @@
 """Sample packing (training.packSamples): a micro-batch's samples laid end to end in rows, with no
 padding inside a row, instead of one padded row per sample.
 
-Each row is at most as long as the longest sample (first-fit decreasing), so attention per row
-costs no more than a padded row does while the rows, and so the tokens every linear layer
-processes, are fewer. Position ids restart at 0 at each sample; with no attention mask and no
-KV cache (a cache turns the detection off: use_cache=False), transformers reads the restarts as
-sample boundaries and keeps attention within each sample (masking_utils.find_packed_sequence_indices
-for sdpa and eager; varlen kernels for flash_attention_2), the convention of its
-DataCollatorWithFlattening. A row's unused tail is one
-more "sample" of its own whose outputs nobody reads.
+Position ids restart at 0 at each sample; with no attention mask and no KV cache (a cache turns the
+detection off: use_cache=False), transformers reads the restarts as sample boundaries, the convention
+of its DataCollatorWithFlattening. How many rows depends on the attention implementation:
+
+- flash_attention_2: one row. Its varlen kernel is used only when the batch has a single row
+  (modeling_flash_attention_utils._is_packed_sequence); with several rows it attends causally across
+  each whole row, samples into each other. Varlen attention costs per sample, so one row costs
+  nothing extra.
+- sdpa and eager: rows at most as long as the longest sample (first-fit decreasing). Their mask is
+  built per row from the restarts (masking_utils.find_packed_sequence_indices) and is dense over the
+  row, so a row no longer than a padded one keeps attention's cost at the padded one's while the
+  rows, and so the tokens every linear layer processes, are fewer. A row's unused tail is one more
+  "sample" of its own whose outputs nobody reads.
 
 The logits come back in the padded layout the losses read, [B, num_actions, V]: only the
 positions that predict a response token are computed (logits_to_keep).
@@ -31,14 +36,15 @@ class Packed:
     column: Tensor  # [B, T] its index into keep
 
 
-def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Packed:
+def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int, one_row: bool = False) -> Packed:
     """Pack rows whose real tokens are one contiguous run (left-padded prompt, right-padded response),
-    keeping the logits that predict each of the last num_actions tokens of every row."""
+    keeping the logits that predict each of the last num_actions tokens of every row; all samples in
+    one row with one_row (flash-attention), else rows as long as the longest sample."""
     batch, width = sequences.shape
     mask = attention_mask.bool()
     lengths = mask.sum(-1).tolist()
     starts = mask.int().argmax(-1).tolist()  # first real token
-    capacity = max(lengths)
+    capacity = sum(lengths) if one_row else max(lengths)
     free: list[int] = []  # tokens left in each packed row
     row_of, offset_of = [0] * batch, [0] * batch
     for b in sorted(range(batch), key=lambda b: -lengths[b]):  # first-fit decreasing
