@@ -155,26 +155,58 @@ def test_policy_step_aggregates_the_step_as_its_formula_says(tiny_model, one_ran
     accumulation steps accounted for; seq-mean-token-sum-norm's budget is rollout.maxNewTokens (16)."""
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.workers.engine import load_model
-
     hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     experience = _experience([2, 8])
     experience.action_log_probs = _hand_log_probs(hand, experience.sequences, 8).detach()  # ratio 1: no clipping
     ratio = (_hand_log_probs(hand, experience.sequences, 8) - experience.action_log_probs).exp()
     STEP_LOSS_BY_HAND[aggregation](-(experience.advantages * ratio), experience.action_mask).backward()
 
-    config = _actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9,
-                           loss_aggregation=aggregation)
+    grads, _ = _one_policy_step(tiny_model, experience, loss_aggregation=aggregation)
+    _assert_same_gradients(grads, hand)
+
+
+def _one_policy_step(tiny_model, experience: Experience, **training) -> tuple[dict, list[dict]]:
+    """The real policy step in a DeepSpeed engine on `experience` (2 samples, one per micro-batch, one
+    optimizer step): the gradients the optimizer steps with, by parameter name, and each micro-batch's
+    metrics."""
+    from rlhf_trainer.workers.engine import load_model
+
+    config = _actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, max_grad_norm=1e9, **training)
     model = load_model(replace(config, max_new_tokens=16), 0, 1)
     grads = {}
     model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
         {name: p.grad.clone() for name, p in model.engine.module.named_parameters()}))
     [micro_batches] = micro_batches_per_rank(experience, 1, train_batch_size=2, micro_batch_size=1, epochs=1,
                                              generator=torch.Generator().manual_seed(0))
-    for batch in micro_batches:
-        policy_step(model, batch)
+    metrics = [policy_step(model, batch) for batch in micro_batches]
     assert grads, "the two micro-batches must make one optimizer step"
+    return grads, metrics
+
+
+@pytest.mark.parametrize("cap", [None, 2.0], ids=["off-by-default", "cap-2"])
+def test_rollout_correction_weighs_each_token_by_its_truncated_engine_ratio(tiny_model, one_rank, cap):
+    """Engine log-probs perturbed by hand from the trainer's (their gap d from -1 to 1.5 over the 16
+    tokens): with training.rolloutCorrectionCap C the step's gradient is that of the token-mean of
+    -A * min(e^d, C) * ratio (Yao et al. 2025), the tokens with e^d > C counted as clipped; unset,
+    the same perturbed batch trains exactly as plain PPO-clip."""
+    from transformers import AutoModelForCausalLM
+
+    hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    experience = _experience([2, 8])
+    experience.action_log_probs = _hand_log_probs(hand, experience.sequences, 8).detach()
+    gap = torch.linspace(-1.0, 1.5, 16).view(2, 8)  # trainer's old log-prob minus the engine's
+    experience.rollout_log_probs = experience.action_log_probs - gap
+    weights = torch.ones(2, 8) if cap is None else gap.exp().clamp(max=cap)
+    ratio = (_hand_log_probs(hand, experience.sequences, 8) - experience.action_log_probs).exp()
+    STEP_LOSS_BY_HAND["token-mean"](-(experience.advantages * weights * ratio), experience.action_mask).backward()
+
+    grads, metrics = _one_policy_step(tiny_model, experience, rollout_correction_cap=cap)
     _assert_same_gradients(grads, hand)
+    clipped = [m.get("rollout_correction_clipped_fraction") for m in metrics]
+    if cap is None:
+        assert clipped == [None, None]
+    else:  # row 0's 2 valid gaps -1, -0.83: none clipped; row 1's 8 from 0.33 to 1.5: 1.5, 1.33, 1.17, 1.0 and 0.83 > ln 2
+        assert sorted(clipped) == [0.0, 5 / 8]
 
 
 def test_sft_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):

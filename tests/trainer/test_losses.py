@@ -20,6 +20,7 @@ from rlhf_trainer.losses import (
     reward_accuracy,
     sft_loss,
     token_log_probs,
+    truncated_is_weights,
     value_loss,
 )
 
@@ -183,6 +184,19 @@ def test_policy_metrics_are_plain_floats():
     metrics = ppo_policy_loss(new, old, adv, mask).metrics()
     assert set(metrics) == {"loss", "clip_fraction", "dual_clip_fraction", "approx_kl"}
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_rollout_correction_weights_are_the_engine_ratio_truncated_at_the_cap():
+    """Yao et al. 2025's TIS weight min(pi_old / pi_engine, C), C = 2: engine log-probs 1, 0, -0.5,
+    -1 and -3 away from the trainer's give e^-1, 1, e^0.5, 2 (e^1 capped) and a masked 2 (e^3 capped);
+    one of the four valid tokens is clipped."""
+    old = torch.full((1, 5), -1.0)
+    engine = old - torch.tensor([[-1.0, 0.0, 0.5, 1.0, 3.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    out = truncated_is_weights(old, engine, mask, cap=2.0)
+    torch.testing.assert_close(out.weights, torch.tensor([[0.367879, 1.0, 1.648721, 2.0, 2.0]]))
+    assert out.clipped_fraction.item() == 0.25
+    assert truncated_is_weights(old, torch.full((1, 5), -math.inf), mask, cap=2.0).weights.eq(2.0).all()
 
 
 # ---------------------------------------------------------------------------------------------

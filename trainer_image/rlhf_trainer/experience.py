@@ -47,6 +47,9 @@ class Experience:
     action_mask: Tensor = _action(required=True)
     # [B, T] log-probs of the response tokens under the rollout policy
     action_log_probs: Tensor = _action(required=True)
+    # [B, T] the rollout engine's (vLLM's) sampling log-probs of the response tokens, 0 on
+    # observation tokens (training.rolloutCorrectionCap weighs the loss by their gap to action_log_probs)
+    rollout_log_probs: Tensor | None = _action()
     # [B, T] log-probs of the response tokens under the frozen reference policy
     base_action_log_probs: Tensor | None = _action()
     # [B, T] critic values V(s_t) at rollout time (gae only)

@@ -225,6 +225,7 @@ class Trainer(RunLoop):
         experience = Experience(
             sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
             action_log_probs=log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
+            rollout_log_probs=self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32),
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
         )
@@ -285,7 +286,6 @@ class Trainer(RunLoop):
     def _rollout_metrics(self, experience: Experience, reward: RewardResult, samples: list[Completion],
                          generation_seconds: float) -> dict[str, float]:
         action_mask, response_length = experience.action_mask, experience.response_length
-        rollout_log_probs = self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32)
         metrics = {
             "reward_mean": reward.total.mean().item(),
             "reward_std": reward.total.std().item() if len(samples) > 1 else 0.0,
@@ -296,7 +296,7 @@ class Trainer(RunLoop):
             "tokens_per_second": response_length.sum().item() / generation_seconds,
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
-            "logprob_diff": masked_mean((rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
+            "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
             "advantage_mean": masked_mean(experience.advantages, action_mask).item(),
         }
         if experience.kl is not None:

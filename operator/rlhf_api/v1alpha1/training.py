@@ -140,6 +140,8 @@ class TrainingSpec(APIModel):
     """Upper clip range when different from clipEps ("clip-higher", DAPO, Yu et al. 2025); 0 uses clipEps."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020)."""
+    rollout_correction_cap: float | None = Field(None, ge=1)
+    """Rollout correction, truncated importance sampling against vLLM's sampling log-probs (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"): each token's policy loss is weighed by min(pi_trainer_old / pi_vllm, C) with this cap C (2 in the paper; verl's rollout_is_threshold), correcting the gap between the engine's and the trainer's probabilities (metric logprob_diff); metric rollout_correction_clipped_fraction is the share of tokens the cap bounded. Unset: off."""
     value_clip: float = Field(0.2, gt=0)
     """Clip range of the value loss (ppo)."""
     gamma: float = Field(1.0, ge=0, le=1)

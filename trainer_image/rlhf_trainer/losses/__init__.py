@@ -22,6 +22,7 @@ from .preference import (
     kto_loss,
 )
 from .reward_model import pairwise_reward_loss, reward_accuracy
+from .rollout_correction import RolloutWeights, truncated_is_weights
 from .sft import sft_loss, token_log_probs
 from .value import ValueLoss, value_loss, value_loss_per_token
 
@@ -33,6 +34,7 @@ __all__ = [
     "PreferenceInputs",
     "PreferenceLoss",
     "Registry",
+    "RolloutWeights",
     "ValueLoss",
     "aggregate_loss",
     "cdpo_loss",
@@ -51,6 +53,7 @@ __all__ = [
     "reward_accuracy",
     "sft_loss",
     "token_log_probs",
+    "truncated_is_weights",
     "value_loss",
     "value_loss_per_token",
 ]

@@ -32,6 +32,7 @@ from ..losses import (
     reward_accuracy,
     sft_loss,
     token_log_probs,
+    truncated_is_weights,
     value_loss,
 )
 from ..offline_data import OfflineBatch
@@ -82,14 +83,23 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
     mode, normalizer = aggregation(model, exp)
     logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
     log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
+    advantages, correction = exp.advantages, {}
+    if training.rollout_correction_cap is not None:
+        tis = truncated_is_weights(exp.action_log_probs, exp.rollout_log_probs, exp.action_mask,
+                                   training.rollout_correction_cap)
+        # Weighing a token's advantage by w > 0 weighs its PPO-clip loss by w (and leaves which
+        # branch is clipped unchanged): the TIS-weighted loss of Yao et al. 2025.
+        advantages = advantages * tis.weights
+        correction = {"rollout_correction_clipped_fraction": float(tis.clipped_fraction)}
     policy = ppo_policy_loss(
-        log_probs, exp.action_log_probs, exp.advantages, exp.action_mask,
+        log_probs, exp.action_log_probs, advantages, exp.action_mask,
         clip_eps_low=training.clip_eps, clip_eps_high=training.clip_eps_high or None,
         dual_clip=training.dual_clip, aggregation=mode, normalizer=normalizer,
     )
     loss = policy.loss
     metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
     metrics["policy_loss"] = metrics.pop("loss")
+    metrics.update(correction)
     if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
         kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
         loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, mode, normalizer)
