@@ -1,14 +1,16 @@
 """Sample packing (training.packSamples): the packed forward gives the padded forward's log-probs and
 gradients, for every attention implementation transformers runs on CPU, on a batch of mixed lengths
 laid out as the trainer lays it out (left-padded prompts, right-padded responses). flash_attention_2
-needs a GPU: its layout (one row) is run here under sdpa and eager, and checked with transformers'
-own test for whether flash-attention reads a batch as packed samples."""
+needs a GPU: its layout (one row) is run here under sdpa and eager, checked with transformers' own
+test for whether flash-attention reads a batch as packed samples, and run through flash-attention's
+dispatch with its kernels written in sdpa."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AttentionInterface, AttentionMaskInterface, AutoModelForCausalLM
+from transformers.masking_utils import flash_attention_mask
 from transformers.modeling_flash_attention_utils import _is_packed_sequence, prepare_fa_kwargs_from_position_ids
 
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
@@ -54,10 +56,46 @@ def _log_probs_and_grads(model: Model, sequences, attention_mask, action_mask):
     return log_probs.detach(), grads
 
 
+def _flash_attention_on_cpu(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                            position_ids=None, **kwargs):
+    """flash_attention_2 as transformers dispatches it for a padding-free batch (no mask): its own check
+    (_is_packed_sequence) decides from the position ids between the varlen kernel, causal attention
+    within each segment of cu_seqlens, and the plain kernel, causal attention over each whole row;
+    the kernels written with sdpa. query [B, H, S, D] -> [B, S, H, D]."""
+    assert attention_mask is None  # what flash_attention_mask gives a batch without padding
+    bounds = [0, query.shape[2]]
+    if _is_packed_sequence(position_ids, query.shape[0]):
+        (cu_seqlens, _), _ = prepare_fa_kwargs_from_position_ids(position_ids)
+        bounds = cu_seqlens.tolist()
+    out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling, enable_gqa=True)
+        for a, b in zip(bounds, bounds[1:])], dim=2)
+    return out.transpose(1, 2), None
+
+
+@pytest.fixture(scope="module")
+def varlen_on_cpu() -> str:
+    """The name of _flash_attention_on_cpu as an attention implementation, with flash-attention's mask."""
+    AttentionInterface.register("varlen_on_cpu", _flash_attention_on_cpu)
+    AttentionMaskInterface.register("varlen_on_cpu", flash_attention_mask)
+    return "varlen_on_cpu"
+
+
+def test_packed_equals_padded_under_flash_attention_s_dispatch(tiny_model, varlen_on_cpu):
+    """With attnImplementation flash_attention_2, packed log-probs and gradients equal padded ones when
+    attention runs flash-attention's own dispatch (on CPU, its kernels written with sdpa)."""
+    padded = _model(tiny_model, "sdpa", packed=False)
+    packed = _model(tiny_model, varlen_on_cpu, True, spec_attn="flash_attention_2")
+    _assert_packed_equals_padded(padded, packed)
+
+
 @pytest.mark.parametrize("spec_attn", [None, "flash_attention_2"], ids=["own-layout", "flash-layout"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_log_probs_and_gradients_equal_padded(tiny_model, attn, spec_attn):
-    padded, packed = _model(tiny_model, attn, packed=False), _model(tiny_model, attn, True, spec_attn)
+    _assert_packed_equals_padded(_model(tiny_model, attn, packed=False), _model(tiny_model, attn, True, spec_attn))
+
+
+def _assert_packed_equals_padded(padded: Model, packed: Model) -> None:
     sequences, attention_mask, action_mask = mixed_batch(padded.engine.config.vocab_size)
     expected, expected_grads = _log_probs_and_grads(padded, sequences, attention_mask, action_mask)
     got, grads = _log_probs_and_grads(packed, sequences, attention_mask, action_mask)
