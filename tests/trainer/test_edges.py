@@ -1,6 +1,7 @@
 """The learning signal at the edges: outlier tokens keep a finite loss and gradient, token-mean weighs
 every token of an optimizer step the same across micro-batches and ranks, Dr. GRPO's aggregation is
-dr-grpo's default and matches TRL's, and rollouts are scored with dropout off."""
+dr-grpo's default and matches TRL's, rollout correction weighs tokens as its formula says, and
+rollouts are scored with dropout off."""
 
 from __future__ import annotations
 
@@ -205,7 +206,7 @@ def test_rollout_correction_weighs_each_token_by_its_truncated_engine_ratio(tiny
     clipped = [m.get("rollout_correction_clipped_fraction") for m in metrics]
     if cap is None:
         assert clipped == [None, None]
-    else:  # row 0's 2 valid gaps -1, -0.83: none clipped; row 1's 8 from 0.33 to 1.5: 1.5, 1.33, 1.17, 1.0 and 0.83 > ln 2
+    else:  # row 0's 2 valid gaps -1, -0.83: none above ln 2; row 1's 0.33 .. 1.5: 0.83, 1.0, 1.17, 1.33, 1.5
         assert sorted(clipped) == [0.0, 5 / 8]
 
 

@@ -296,7 +296,8 @@ class Trainer(RunLoop):
             "tokens_per_second": response_length.sum().item() / generation_seconds,
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
-            "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
+            "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(),
+                                        action_mask).item(),
             "advantage_mean": masked_mean(experience.advantages, action_mask).item(),
         }
         if experience.kl is not None:
