@@ -21,6 +21,7 @@ from rlhf_trainer.workers.rollout import Completion
 
 def test_groups_with_equal_rewards_or_a_mean_outside_the_range_are_dropped():
     rewards = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 0.4, 0.5, 0.5])  # groups of 2
+    rewards = RewardResult(rewards, {})
     assert informative_groups(rewards, 2, DynamicSamplingSpec(enabled=True)).tolist() == [False, False, True, True, False]
     ranged = DynamicSamplingSpec(enabled=True, min_mean_reward=0.4, max_mean_reward=0.9)
     assert informative_groups(rewards, 2, ranged).tolist() == [False, False, True, False, False]
@@ -35,7 +36,7 @@ def _rollout(rewards: list[float], tag: str) -> Rollout:
 
 def test_the_batch_takes_kept_groups_first_then_dropped_ones():
     first, second = _rollout([0, 0, 0, 1, 1, 1], "a"), _rollout([0, 1, 2, 2], "b")
-    keep = [informative_groups(r.reward.total, 2, DynamicSamplingSpec(enabled=True)) for r in (first, second)]
+    keep = [informative_groups(r.reward, 2, DynamicSamplingSpec(enabled=True)) for r in (first, second)]
     kept = [r.groups(k, 2) for r, k in zip((first, second), keep)]
     dropped = [r.groups(~k, 2) for r, k in zip((first, second), keep)]
     batch, refilled = fill_batch(kept, dropped, 3, 2)

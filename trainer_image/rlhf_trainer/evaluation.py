@@ -18,6 +18,7 @@ from torch import Tensor
 from rlhf_api.v1alpha1 import DataSpec, EvaluationSpec, RolloutSpec
 
 from .data import PromptDataset
+from .rewards import RewardResult
 
 PREFIX = "eval/"
 
@@ -52,8 +53,9 @@ class Evaluation:
         return dict(n=self.spec.samples_per_prompt, max_tokens=rollout.max_new_tokens,
                     temperature=self.spec.temperature)
 
-    def metrics(self, name: str, rewards: Tensor) -> dict[str, float]:
+    def metrics(self, name: str, reward: RewardResult) -> dict[str, float]:
         """A set's metrics from its rewards [prompts * samplesPerPrompt], prompt-major."""
+        rewards = reward.total
         passed = (rewards >= self.spec.pass_threshold).reshape(-1, self.spec.samples_per_prompt)
         return {f"{PREFIX}{name}/mean_reward": rewards.float().mean().item(),
                 f"{PREFIX}{name}/pass@{self.k}": pass_at_k(passed, self.k)}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from rlhf_api.v1alpha1 import DynamicSamplingSpec, LengthShapingSpec
+from rlhf_api.v1alpha1 import DynamicSamplingSpec, LengthShapingSpec, RLHFJobSpec
 
 from .data import PromptItem
 from .rewards import RewardResult
@@ -47,6 +47,22 @@ class Rollout:
                        RewardResult(total, by_source), sum(p.seconds for p in parts))
 
 
+def shape_rewards(result: RewardResult, samples: list[Completion], spec: RLHFJobSpec) -> RewardResult:
+    """The reward sources' result with the environment's episode reward (weighted) and the length
+    penalties added to the total."""
+    environment, rollout = spec.environment, spec.rollout
+    if environment:
+        result.by_source["environment"] = torch.tensor([c.env_reward for c in samples], dtype=torch.float32)
+        result.total = result.total + environment.reward_weight * result.by_source["environment"]
+    shaping = rollout.length_shaping
+    if shaping.overlong_buffer_tokens or shaping.truncation_penalty:
+        result.by_source["length_penalty"] = length_penalty(
+            torch.tensor([len(c.token_ids) for c in samples]), torch.tensor([c.truncated for c in samples]),
+            rollout.max_new_tokens, shaping)
+        result.total = result.total + result.by_source["length_penalty"]
+    return result
+
+
 def length_penalty(lengths: Tensor, truncated: Tensor, max_new_tokens: int, spec: LengthShapingSpec) -> Tensor:
     """[N] non-positive reward shaping. Overlong buffer (DAPO eq. 13): a completion of L tokens loses
     overlongPenalty * (L - (maxNewTokens - N)) / N once it reaches into the last N tokens of the budget.
@@ -59,9 +75,9 @@ def length_penalty(lengths: Tensor, truncated: Tensor, max_new_tokens: int, spec
     return penalty - spec.truncation_penalty * truncated.float()
 
 
-def informative_groups(rewards: Tensor, n: int, spec: DynamicSamplingSpec) -> Tensor:
+def informative_groups(reward: RewardResult, n: int, spec: DynamicSamplingSpec) -> Tensor:
     """[G] True for the groups of n rewards that are not all equal and whose mean is within the range."""
-    groups = rewards.reshape(-1, n)
+    groups = reward.total.reshape(-1, n)
     keep = (groups != groups[:, :1]).any(dim=1)
     mean = groups.mean(dim=1)
     if spec.min_mean_reward is not None:

@@ -53,7 +53,7 @@ from .experience import Experience
 from .losses import masked_mean
 from .loop import RunLoop
 from .rewards import RewardResult, build_reward
-from .sampling import Rollout, fill_batch, informative_groups, length_penalty
+from .sampling import Rollout, fill_batch, informative_groups, shape_rewards
 from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
@@ -186,13 +186,13 @@ class Trainer(RunLoop):
             return rollout, {}
         n, wanted = pending.samples_per_prompt, len(pending.prompts)
         rounds = [rollout]
-        keep = [informative_groups(rollout.reward.total, n, spec)]
+        keep = [informative_groups(rollout.reward, n, spec)]
         while sum(int(k.sum()) for k in keep) < wanted and len(rounds) <= spec.max_extra_rounds:
             batch = self._extra_batch(batches)
             if batch is None:
                 break
             rounds.append(self._scored(self._start_rollout(*batch)))
-            keep.append(informative_groups(rounds[-1].reward.total, n, spec))
+            keep.append(informative_groups(rounds[-1].reward, n, spec))
         kept = [r.groups(k, n) for r, k in zip(rounds, keep)]
         dropped = [r.groups(~k, n) for r, k in zip(rounds, keep)]
         batch, refilled = fill_batch(kept, dropped, wanted, n)
@@ -238,16 +238,7 @@ class Trainer(RunLoop):
             result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
         else:
             result = RewardResult(torch.zeros(len(samples)), {})
-        if self.spec.environment:
-            result.by_source["environment"] = torch.tensor([c.env_reward for c in samples], dtype=torch.float32)
-            result.total = result.total + self.spec.environment.reward_weight * result.by_source["environment"]
-        shaping = self.rollout.length_shaping
-        if shaping.overlong_buffer_tokens or shaping.truncation_penalty:
-            result.by_source["length_penalty"] = length_penalty(
-                torch.tensor([len(c.token_ids) for c in samples]), torch.tensor([c.truncated for c in samples]),
-                self.rollout.max_new_tokens, shaping)
-            result.total = result.total + result.by_source["length_penalty"]
-        return result
+        return shape_rewards(result, samples, self.spec)
 
     def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
                               action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -343,7 +334,7 @@ class Trainer(RunLoop):
         metrics = {}
         for name, dataset in self.evaluation.sets.items():
             rollout = self._scored(self._start_rollout(dataset.items, {}, sampling))
-            metrics.update(self.evaluation.metrics(name, rollout.reward.total))
+            metrics.update(self.evaluation.metrics(name, rollout.reward))
         value = self.evaluation.best_value(metrics)
         if value is not None and self.evaluation.better(value, self.best and self.best["value"]):
             self.best = {"step": step, "metric": self.spec.evaluation.best_metric, "value": value}
