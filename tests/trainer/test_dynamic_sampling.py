@@ -21,7 +21,7 @@ from rlhf_trainer.workers.rollout import Completion
 
 def test_groups_with_equal_rewards_or_a_mean_outside_the_range_are_dropped():
     rewards = torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.2, 0.4, 0.5, 0.5])  # groups of 2
-    rewards = RewardResult(rewards, {})
+    rewards = RewardResult(rewards, {}, rewards)
     assert informative_groups(rewards, 2, DynamicSamplingSpec(enabled=True)).tolist() == [False, False, True, True, False]
     ranged = DynamicSamplingSpec(enabled=True, min_mean_reward=0.4, max_mean_reward=0.9)
     assert informative_groups(rewards, 2, ranged).tolist() == [False, False, True, False, False]
@@ -31,7 +31,7 @@ def _rollout(rewards: list[float], tag: str) -> Rollout:
     prompts = [PromptItem(f"{tag}{i // 2}", [i]) for i in range(len(rewards))]
     samples = [Completion([i], [0.0], False) for i in range(len(rewards))]
     total = torch.tensor(rewards, dtype=torch.float32)
-    return Rollout(prompts, samples, RewardResult(total, {"r": total.clone()}), 1.0)
+    return Rollout(prompts, samples, RewardResult(total, {"r": total.clone()}, total.clone()), 1.0)
 
 
 def test_the_batch_takes_kept_groups_first_then_dropped_ones():

@@ -51,7 +51,7 @@ def test_evaluations_are_due_every_interval_and_after_the_last_step(tmp_path):
 def test_metric_names_status_and_the_best(tmp_path):
     evaluation = _evaluation(tmp_path, samplesPerPrompt=2, temperature=1.0, passThreshold=0.5, bestMetric="held-out/pass@k",
                              bestMode="min")
-    metrics = evaluation.metrics("held-out", RewardResult(torch.tensor([0.4, 0.6, 0.1, 0.2]), {}))
+    metrics = evaluation.metrics("held-out", RewardResult(torch.zeros(4), {}, torch.tensor([0.4, 0.6, 0.1, 0.2])))
     assert metrics == {"eval/held-out/mean_reward": pytest.approx(0.325), "eval/held-out/pass@2": 0.5}  # k written out
     assert evaluation.best_value(metrics) == 0.5
     assert evaluation.better(0.4, 0.5) and not evaluation.better(0.6, 0.5) and evaluation.better(0.6, None)

@@ -54,8 +54,9 @@ class Evaluation:
                     temperature=self.spec.temperature)
 
     def metrics(self, name: str, reward: RewardResult) -> dict[str, float]:
-        """A set's metrics from its rewards [prompts * samplesPerPrompt], prompt-major."""
-        rewards = reward.total
+        """A set's metrics from its rewards [prompts * samplesPerPrompt], prompt-major: the task's own
+        (unshaped) reward, comparable across runs whatever their length shaping."""
+        rewards = reward.task
         passed = (rewards >= self.spec.pass_threshold).reshape(-1, self.spec.samples_per_prompt)
         return {f"{PREFIX}{name}/mean_reward": rewards.float().mean().item(),
                 f"{PREFIX}{name}/pass@{self.k}": pass_at_k(passed, self.k)}

@@ -32,7 +32,8 @@ class Rollout:
     def groups(self, keep: Tensor, n: int) -> Rollout:
         """The groups (of n samples) where keep [G] is True, in order."""
         rows = keep.repeat_interleave(n).nonzero().flatten().tolist()
-        reward = RewardResult(self.reward.total[rows], {k: v[rows] for k, v in self.reward.by_source.items()})
+        reward = RewardResult(self.reward.total[rows], {k: v[rows] for k, v in self.reward.by_source.items()},
+                              self.reward.task[rows])
         return Rollout([self.prompts[i] for i in rows], [self.samples[i] for i in rows], reward, self.seconds)
 
     def __len__(self) -> int:
@@ -41,25 +42,30 @@ class Rollout:
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
         """One rollout from several (the sources must match); seconds add up."""
-        total = torch.cat([p.reward.total for p in parts])
+        total, task = (torch.cat([getattr(p.reward, field) for p in parts]) for field in ("total", "task"))
         by_source = {k: torch.cat([p.reward.by_source[k] for p in parts]) for k in parts[0].reward.by_source}
         return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples],
-                       RewardResult(total, by_source), sum(p.seconds for p in parts))
+                       RewardResult(total, by_source, task), sum(p.seconds for p in parts))
 
 
 def shape_rewards(result: RewardResult, samples: list[Completion], spec: RLHFJobSpec) -> RewardResult:
-    """The reward sources' result with the environment's episode reward (weighted) and the length
-    penalties added to the total."""
+    """The reward sources' result with the environment's episode reward added (times rewardWeight to
+    the total, unweighted to the task's reward) and the length penalties (to the total), which
+    reward.clip then bounds."""
     environment, rollout = spec.environment, spec.rollout
     if environment:
         result.by_source["environment"] = torch.tensor([c.env_reward for c in samples], dtype=torch.float32)
         result.total = result.total + environment.reward_weight * result.by_source["environment"]
+        result.task = result.task + result.by_source["environment"]
     shaping = rollout.length_shaping
     if shaping.overlong_buffer_tokens or shaping.truncation_penalty:
+        # The policy's own tokens: an episode's observations are not its length.
         result.by_source["length_penalty"] = length_penalty(
-            torch.tensor([len(c.token_ids) for c in samples]), torch.tensor([c.truncated for c in samples]),
+            torch.tensor([sum(c.trained) for c in samples]), torch.tensor([c.truncated for c in samples]),
             rollout.max_new_tokens, shaping)
         result.total = result.total + result.by_source["length_penalty"]
+    if spec.reward and spec.reward.clip is not None:
+        result.total = result.total.clamp(-spec.reward.clip, spec.reward.clip)
     return result
 
 
@@ -76,8 +82,9 @@ def length_penalty(lengths: Tensor, truncated: Tensor, max_new_tokens: int, spec
 
 
 def informative_groups(reward: RewardResult, n: int, spec: DynamicSamplingSpec) -> Tensor:
-    """[G] True for the groups of n rewards that are not all equal and whose mean is within the range."""
-    groups = reward.total.reshape(-1, n)
+    """[G] True for the groups of n task rewards (not the shaped total: an all-correct group does not
+    differ by its length penalties) that are not all equal and whose mean is within the range."""
+    groups = reward.task.reshape(-1, n)
     keep = (groups != groups[:, :1]).any(dim=1)
     mean = groups.mean(dim=1)
     if spec.min_mean_reward is not None:

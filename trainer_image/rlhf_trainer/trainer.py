@@ -237,7 +237,7 @@ class Trainer(RunLoop):
         if self.reward:
             result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
         else:
-            result = RewardResult(torch.zeros(len(samples)), {})
+            result = RewardResult(torch.zeros(len(samples)), {}, torch.zeros(len(samples)))
         return shape_rewards(result, samples, self.spec)
 
     def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,

@@ -56,4 +56,4 @@ class EnvironmentSpec(APIModel):
     max_tokens_per_turn: int | None = Field(None, ge=1)
     """Tokens the policy may generate in one turn; unset: whatever is left of rollout.maxNewTokens."""
     reward_weight: float = Field(1.0, ge=0)
-    """Weight of the episode reward in the total reward (reported as reward/environment)."""
+    """Weight of the episode reward in the total reward that trains (reported unweighted as reward/environment; dynamic sampling and evaluation take it unweighted)."""

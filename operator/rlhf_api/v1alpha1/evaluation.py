@@ -60,7 +60,7 @@ class EvaluationSpec(APIModel):
     pass_k: int | None = Field(None, ge=1)
     """k of pass@k; unset: samplesPerPrompt."""
     pass_threshold: float = 1.0
-    """A sample passes when its total reward is at least this."""
+    """A sample passes when its reward is at least this: the task's own, unshaped (the reward sources' weighted sum plus the environment's episode reward; no rewardWeight, length penalty or clip), as for mean_reward."""
     best_metric: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/(mean_reward|pass@k)$", max_length=128)
     """Keep the best checkpoint by this metric: <set>/mean_reward or <set>/pass@k (the set's pass@<k>, e.g. pass@4)."""
     best_mode: Literal["max", "min"] = "max"
