@@ -245,3 +245,17 @@ def test_an_http_environment_is_called_per_episode():
     finally:
         server.shutdown()
 
+
+
+def test_an_episode_cut_because_an_observation_no_longer_fits_counts_as_truncated():
+    """Budget 10: after a 6-token turn that ended by itself, a 4-token observation leaves no room for a
+    turn, so the episode stops there, cut by the budget as a turn stopped by maxTokensPerTurn is."""
+    from rlhf_trainer.data import PromptItem
+    from rlhf_trainer.environments.runner import Episode
+    from rlhf_trainer.workers.rollout import Completion
+
+    episode = Episode(PromptItem("p", [1]), env=None, budget=10)
+    episode.act(Completion([5] * 6, [-0.5] * 6, truncated=False))
+    episode.observe([7] * 4)
+    assert episode.done and episode.truncated
+    assert episode.completion().token_ids == [5] * 6  # the observation is left out

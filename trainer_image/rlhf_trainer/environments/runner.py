@@ -40,9 +40,10 @@ class Episode:
         return self.budget - len(self.token_ids)
 
     def observe(self, token_ids: list[int]) -> None:
-        """Append an observation; with no room left for a turn after it, the episode ends without it."""
+        """Append an observation; with no room left for a turn after it, the episode ends without it, cut
+        by the budget (truncated, as a turn stopped by its token limit is)."""
         if len(token_ids) >= self.left:
-            self.done = True
+            self.done = self.truncated = True
             return
         self.token_ids += token_ids
         self.log_probs += [0.0] * len(token_ids)
