@@ -19,6 +19,8 @@ from rlhf_trainer.environments import EnvironmentFailure, HTTPEnvironment, check
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import run
 
+from local_http import LocalServer, QuietHandler, read_json, reply
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 JOB = EXAMPLES / "tiny-multiturn-cpu-job.yaml"
 
@@ -259,3 +261,41 @@ def test_an_episode_cut_because_an_observation_no_longer_fits_counts_as_truncate
     episode.observe([7] * 4)
     assert episode.done and episode.truncated
     assert episode.completion().token_ids == [5] * 6  # the observation is left out
+
+
+def test_a_step_retried_after_a_timeout_names_its_turn_so_the_service_applies_it_once():
+    """The service applies the first step, then holds its answer until the client, timed out, repeats
+    the request. The repeat names the same episode and turn: the service answers it from its record
+    (as the API asks of it) instead of applying the turn a second time; the next step is a new turn."""
+    applied: dict[str, int] = {}  # steps applied per episode
+    answers: dict[tuple, dict] = {}  # (episode, turn) -> the answer given
+    lock, first_step, another_step = threading.Lock(), threading.Event(), threading.Event()
+
+    class Service(QuietHandler):
+        def do_POST(self):
+            body = read_json(self)
+            episode, turn = body["episode"], body.get("turn")
+            with lock:
+                if body["action"] == "reset":
+                    applied[episode] = 0
+                    return reply(self, 200, {})
+                first = not first_step.is_set()
+                (first_step if first else another_step).set()
+                if turn is None or (episode, turn) not in answers:
+                    applied[episode] += 1
+                    answers[episode, turn] = {"observation": f"step {applied[episode]}", "reward": 0.0, "done": False}
+                answer = answers[episode, turn]
+            if first:  # the first step is applied, its answer held until the client, timed out, sends again
+                another_step.wait()
+            reply(self, 200, answer)
+
+    server = LocalServer(Service)
+    try:
+        spec = _spec(type="http", http={"url": server.url, "timeoutSeconds": 0.5, "retries": 2})
+        env = environment_factory(spec, Path("."))()
+        env.reset("p", "a")
+        assert env.step("a")[0] == "step 1"
+        assert env.step("b")[0] == "step 2"
+        assert applied[env.episode] == 2
+    finally:
+        server.close()
