@@ -27,7 +27,8 @@ spec.evaluation samples held-out sets after the steps it names and keeps the bes
 
 With training.asyncQueueSize N > 0 the next N rollouts are generated while a step trains, by
 engines that are up to N updates behind (a Ray actor runs its calls in order, so each weight
-update lands after the rollouts queued before it).
+update lands after the rollouts queued before it; the episode runner's too, whose turns reach the
+engines one by one: the sync waits for it first).
 """
 
 from __future__ import annotations
@@ -346,6 +347,11 @@ class Trainer(RunLoop):
     # -- 7. weight sync ---------------------------------------------------------------------------
 
     def _sync_weights(self) -> None:
+        if self.runner:
+            # The runner sends an episode's turns to the engines one by one: idle engines may be between
+            # two turns of a queued episode (asyncQueueSize), which must not straddle the update. Its
+            # episodes queued before this sync finish first, as an engine's queued rollouts do.
+            ray.get(self.runner.ready.remote())
         sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype)
 
     def _resume(self) -> bool:

@@ -96,6 +96,9 @@ class EpisodeRunner:
         completions = [e.completion() for e in episodes]
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))], time.perf_counter() - started
 
+    def ready(self) -> None:
+        """Nothing: an actor runs its calls in order, so this returns once the episodes queued before it are done."""
+
     def _tokens(self, text: str) -> list[int]:
         # Special tokens written in the text (a chat template's turn markers) are encoded as such.
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
