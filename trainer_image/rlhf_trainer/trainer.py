@@ -229,7 +229,7 @@ class Trainer(RunLoop):
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
         )
-        return experience, self._rollout_metrics(experience, reward, samples, rollout.seconds)
+        return experience, self._rollout_metrics(experience, rollout)
 
     def _score_rewards(self, prompts: list[PromptItem], samples: list[Completion]) -> RewardResult:
         """2. every spec.reward source's score of each completion (a whole episode's transcript), the
@@ -274,8 +274,8 @@ class Trainer(RunLoop):
             AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda),
         )
 
-    def _rollout_metrics(self, experience: Experience, reward: RewardResult, samples: list[Completion],
-                         generation_seconds: float) -> dict[str, float]:
+    def _rollout_metrics(self, experience: Experience, rollout: Rollout) -> dict[str, float]:
+        reward, samples = rollout.reward, rollout.samples
         action_mask, response_length = experience.action_mask, experience.response_length
         rollout_log_probs = self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32)
         metrics = {
@@ -285,7 +285,7 @@ class Trainer(RunLoop):
             "response_length": response_length.float().mean().item(),
             "truncated_fraction": sum(c.truncated for c in samples) / len(samples),
             "turns": sum(c.turns for c in samples) / len(samples),
-            "tokens_per_second": response_length.sum().item() / generation_seconds,
+            "tokens_per_second": response_length.sum().item() / rollout.seconds,
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
             "logprob_diff": masked_mean((rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
