@@ -27,9 +27,9 @@ def test_groups_with_equal_rewards_or_a_mean_outside_the_range_are_dropped():
     assert informative_groups(rewards, 2, ranged).tolist() == [False, False, True, False, False]
 
 
-def _rollout(rewards: list[float], tag: str) -> Rollout:
+def _rollout(rewards: list[float], tag: str, length: int = 1) -> Rollout:
     prompts = [PromptItem(f"{tag}{i // 2}", [i]) for i in range(len(rewards))]
-    samples = [Completion([i], [0.0], False) for i in range(len(rewards))]
+    samples = [Completion([i] * length, [0.0] * length, False) for i in range(len(rewards))]
     total = torch.tensor(rewards, dtype=torch.float32)
     return Rollout(prompts, samples, RewardResult(total, {"r": total.clone()}, total.clone()), 1.0)
 
@@ -44,6 +44,28 @@ def test_the_batch_takes_kept_groups_first_then_dropped_ones():
     assert batch.reward.by_source["r"].tolist() == [0, 1, 0, 1, 0, 0] and batch.seconds == 2.0
     batch, refilled = fill_batch(kept, dropped, 1, 2)
     assert [p.prompt for p in batch.prompts] == ["a1", "a1"] and refilled == 0
+
+
+def test_tokens_per_second_is_the_engines_throughput_over_every_round():
+    """Two rounds of 1 second: the first's 4 one-token samples (one group kept, one dropped), the
+    second's 4 of 3 tokens (both groups dropped); the batch is the kept group and the first dropped one.
+    The engines sampled 16 tokens in 2 seconds: 8 tokens/s, not the batch's 4 tokens over 2 seconds."""
+    from rlhf_trainer.experience import Experience
+    from rlhf_trainer.trainer import Trainer
+
+    first, second = _rollout([0, 1, 0, 0], "a"), _rollout([0, 0, 1, 1], "b", length=3)
+    rounds = (first, second)
+    keep = [informative_groups(r.reward, 2, DynamicSamplingSpec(enabled=True)) for r in rounds]
+    batch, _ = fill_batch([r.groups(k, 2) for r, k in zip(rounds, keep)],
+                          [r.groups(~k, 2) for r, k in zip(rounds, keep)], 2, 2)
+    trainer = Trainer.__new__(Trainer)  # its real _pack and _rollout_metrics
+    trainer.pad_token_id = 0
+    sequences, attention_mask, action_mask = trainer._pack(batch.prompts, batch.samples)
+    zeros = torch.zeros(action_mask.shape)
+    experience = Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
+                            action_log_probs=zeros, advantages=zeros, response_length=action_mask.sum(-1))
+    assert int(action_mask.sum()) == 4 and batch.seconds == 2.0
+    assert trainer._rollout_metrics(experience, batch)["tokens_per_second"] == 8.0
 
 
 def test_dynamic_sampling_is_refused_without_groups(tmp_path):

@@ -28,24 +28,32 @@ class Rollout:
     samples: list[Completion]
     reward: RewardResult  # total and by_source, [N] each
     seconds: float  # generation time
+    # The policy's tokens generated in those seconds (unset: the samples'). Like the seconds, a part of
+    # a rollout keeps the whole's: tokens / seconds is the engines' throughput, dropped groups included.
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens is None:
+            self.tokens = sum(sum(c.trained) for c in self.samples)
 
     def groups(self, keep: Tensor, n: int) -> Rollout:
         """The groups (of n samples) where keep [G] is True, in order."""
         rows = keep.repeat_interleave(n).nonzero().flatten().tolist()
         reward = RewardResult(self.reward.total[rows], {k: v[rows] for k, v in self.reward.by_source.items()},
                               self.reward.task[rows])
-        return Rollout([self.prompts[i] for i in rows], [self.samples[i] for i in rows], reward, self.seconds)
+        return Rollout([self.prompts[i] for i in rows], [self.samples[i] for i in rows], reward, self.seconds,
+                       self.tokens)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
-        """One rollout from several (the sources must match); seconds add up."""
+        """One rollout from several (the sources must match); seconds and tokens add up."""
         total, task = (torch.cat([getattr(p.reward, field) for p in parts]) for field in ("total", "task"))
         by_source = {k: torch.cat([p.reward.by_source[k] for p in parts]) for k in parts[0].reward.by_source}
         return Rollout([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples],
-                       RewardResult(total, by_source, task), sum(p.seconds for p in parts))
+                       RewardResult(total, by_source, task), sum(p.seconds for p in parts), sum(p.tokens for p in parts))
 
 
 def shape_rewards(result: RewardResult, samples: list[Completion], spec: RLHFJobSpec) -> RewardResult:
@@ -97,8 +105,8 @@ def informative_groups(reward: RewardResult, n: int, spec: DynamicSamplingSpec) 
 def fill_batch(kept: list[Rollout], dropped: list[Rollout], groups: int, n: int) -> tuple[Rollout, int]:
     """A rollout of exactly `groups` groups: the kept ones first, then, when they are too few, dropped ones;
     and how many dropped groups it took."""
-    kept_all = Rollout.concat(kept)  # one part per round: its seconds are the rounds' generation time
+    kept_all = Rollout.concat(kept)  # one part per round: its seconds and tokens are all the rounds'
     missing = max(0, groups - len(kept_all) // n)
     batch = Rollout.concat([kept_all, Rollout.concat(dropped)]) if missing else kept_all
     batch = batch.groups(torch.arange(len(batch) // n) < groups, n)
-    return replace(batch, seconds=kept_all.seconds), missing
+    return replace(batch, seconds=kept_all.seconds, tokens=kept_all.tokens), missing

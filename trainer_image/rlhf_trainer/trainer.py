@@ -285,7 +285,7 @@ class Trainer(RunLoop):
             "response_length": response_length.float().mean().item(),
             "truncated_fraction": sum(c.truncated for c in samples) / len(samples),
             "turns": sum(c.turns for c in samples) / len(samples),
-            "tokens_per_second": response_length.sum().item() / rollout.seconds,
+            "tokens_per_second": rollout.tokens / rollout.seconds,  # sampled, dropped groups' too
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
             "logprob_diff": masked_mean((rollout_log_probs - experience.action_log_probs).abs(), action_mask).item(),
