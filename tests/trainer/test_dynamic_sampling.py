@@ -115,3 +115,31 @@ def test_most_groups_degenerate_are_dropped_and_the_batch_is_filled(toy_job, loc
         assert m["dynamic_sampling/refilled_groups"] == 0
         assert m["reward_mean"] >= 1.0
         assert m["dynamic_sampling/sampled_reward_mean"] < 0.6
+
+
+@pytest.mark.timeout(900)
+def test_a_run_whose_extra_rounds_use_up_the_data_still_evaluates_after_its_last_step(toy_job, local_ray, tmp_path):
+    """32 prompts, one pass, batches of 16: the first step's extra round takes the second batch, and the run
+    ends after 1 of its 2 steps. The evaluation due after the last step runs after that one, with the
+    best-checkpoint check; the baseline's evaluation time is step 0's, not step 1's; the kept fraction
+    of the sampled groups is reported."""
+    job = toy_job(**{"training.maxSteps": 2, "training.episodes": 1, "data.prompts.maxSamples": 32,
+                     "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False,
+                     "rollout.dynamicSampling": {"enabled": True, "maxExtraRounds": 8},
+                     "reward.sources": [{"name": "only-a", "type": "function",
+                                         "function": {"entrypoint": "tiny/only_a.py:score"}}],
+                     "evaluation": {"datasets": [{"name": "letters", "sources": [{"path": "tiny/prompts.jsonl"}],
+                                                  "labelKey": "label", "maxSamples": 8}],
+                                    "atStart": True, "bestMetric": "letters/mean_reward"}})
+    (job.parent / "tiny" / "only_a.py").write_text(MOSTLY_DEGENERATE)
+    out = tmp_path / "out"
+    assert run(job, output_dir=out, reporters=[JsonlWriter(out / "metrics.jsonl")]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [m for m in rows if "eval/letters/mean_reward" in m]
+    assert [m["step"] for m in evaluations] == [0, 1]
+    assert "eval/best/step" in evaluations[-1] and (out / "checkpoints" / "best" / "best.json").is_file()
+    [trained] = [m for m in rows if "reward_mean" in m]
+    assert "time/evaluation" in evaluations[0] and "time/evaluation" not in trained
+    rounds = trained["dynamic_sampling/extra_rounds"] + 1
+    assert rounds == 2
+    assert trained["dynamic_sampling/kept_fraction"] == 1 - trained["dynamic_sampling/dropped_groups"] / (16 * rounds)

@@ -121,16 +121,21 @@ class Trainer(RunLoop):
 
     # -- the loop --------------------------------------------------------------------------------
 
+    def _before_steps(self) -> None:
+        if self.step == 0 and self.evaluation and self.evaluation.due(0, self.total_steps):
+            self._log_evaluation(0)  # the baseline
+
     def _steps(self, batches: Iterator[tuple[list[PromptItem], dict]]) -> Iterator[tuple[dict[str, float], dict]]:
         queue: deque[PendingRollout] = deque()
-        if self.step == 0 and self.evaluation and self.evaluation.due(0, self.total_steps):
-            with self.timer.phase("evaluation", split=False):
-                self.reporter.log(0, self._evaluate(0))  # the baseline
         for step in range(self.step + 1, self.total_steps + 1):
             while len(queue) <= self.training.async_queue_size and (batch := next(batches, None)):
                 queue.append(self._start_rollout(*batch))
             if not queue:
-                return  # dynamic sampling's extra rounds used up the data passes
+                # Dynamic sampling's extra rounds used up the data passes: the step before was the last,
+                # and gets the evaluation (and best-checkpoint check) due after the last one.
+                if self.evaluation and not self.evaluation.due(self.step, self.total_steps):
+                    self._log_evaluation(self.step)
+                return
             started = time.perf_counter()
             current = queue.popleft()
             rollout, metrics = self._collect(current, batches)
@@ -197,9 +202,10 @@ class Trainer(RunLoop):
         kept = [r.groups(k, n) for r, k in zip(rounds, keep)]
         dropped = [r.groups(~k, n) for r, k in zip(rounds, keep)]
         batch, refilled = fill_batch(kept, dropped, wanted, n)
-        sampled = torch.cat([r.reward.total for r in rounds])
+        sampled, informative = torch.cat([r.reward.total for r in rounds]), torch.cat(keep)
         return batch, {
-            "dynamic_sampling/dropped_groups": float(sum(int((~k).sum()) for k in keep)),
+            "dynamic_sampling/dropped_groups": float((~informative).sum()),
+            "dynamic_sampling/kept_fraction": informative.float().mean().item(),  # of every round's groups
             "dynamic_sampling/extra_rounds": float(len(rounds) - 1),
             "dynamic_sampling/refilled_groups": float(refilled),
             "dynamic_sampling/sampled_reward_mean": sampled.mean().item(),
@@ -328,6 +334,12 @@ class Trainer(RunLoop):
         return {key: value for refs in pending.values() for key, value in mean_metrics(refs).items()}
 
     # -- evaluation --------------------------------------------------------------------------------
+
+    def _log_evaluation(self, step: int) -> None:
+        """An evaluation reported on its own (not with a step's metrics), with its time."""
+        with self.timer.phase("evaluation", split=False):
+            metrics = self._evaluate(step)
+        self.reporter.log(step, metrics | self.timer.take())
 
     def _evaluate(self, step: int) -> dict[str, float]:
         """Every evaluation set sampled and scored with the current weights; the best actor kept."""
