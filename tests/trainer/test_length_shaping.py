@@ -1,5 +1,6 @@
 """Length shaping (DAPO, Yu et al. 2025, arXiv:2503.14476): the overlong buffer's soft penalty and the
-truncation penalty, by hand and in a run."""
+truncation penalty, by hand and in a run; reward.clip bounding the shaped total; dynamic sampling and
+evaluation looking at the task's own reward."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from rlhf_trainer.evaluation import Evaluation
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.rewards import build_reward
 from rlhf_trainer.run import run
-from rlhf_trainer.tiny import build_tokenizer
 from rlhf_trainer.sampling import informative_groups, length_penalty, shape_rewards
+from rlhf_trainer.tiny import build_tokenizer
 from rlhf_trainer.workers.rollout import Completion
 
 
@@ -70,7 +71,8 @@ def test_the_penalties_enter_the_reward_of_a_run(toy_job, local_ray, tmp_path):
 
 # -- shaping against the task's own reward ----------------------------------------------------------
 
-def _shaping_job(tmp_path: Path, **spec) -> object:
+
+def _shaping_job(tmp_path: Path, **spec):
     """A grpo job of maxNewTokens 16 whose one reward source, weight 1, scores each completion as its label
     says ("1" or "0"); `spec` adds sections. Returns the spec and the job's reward."""
     (tmp_path / "label.py").write_text("def score(prompts, completions, labels):\n    return [float(l) for l in labels]\n")

@@ -1,7 +1,8 @@
 """Scored rollouts, and what DAPO does to them before they train (Yu et al. 2025, arXiv:2503.14476):
 
-- length shaping: `length_penalty`, the overlong buffer's soft penalty and the truncation penalty;
-- dynamic sampling: `informative_groups` keeps the groups whose rewards differ (a group with equal rewards
+- length shaping: `length_penalty`, the overlong buffer's soft penalty and the truncation penalty, added with
+  the environment's reward to the sources' total by `shape_rewards` (which keeps the task's own reward apart);
+- dynamic sampling: `informative_groups` keeps the groups whose task rewards differ (a group with equal rewards
   has zero advantage under every grouped estimator, so it adds no gradient, only dilutes the batch), and
   `fill_batch` assembles a full batch from several rounds, kept groups first.
 """
