@@ -387,9 +387,13 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
     trainer.groups = {"actor": SimpleNamespace(call=lambda method, engines, dtype: [
         e.receive_weights.remote([]) for e in engines])}
 
-    episode = runner.run.remote([PromptItem("p", [1, 2], "race")], sampling)
-    # The warm-up's two turns, then the race episode's first; its step now waits for the weights.
-    wait_for(lambda: len(ray.get(engine.log.remote())[0]) == 3, 60, "the episode's first turn")
-    trainer._sync_weights()
-    ray.get(episode)
-    assert ray.get(engine.log.remote()) == ([0, 0, 0, 0], 1)  # both turns by version 0, then the new weights
+    try:
+        episode = runner.run.remote([PromptItem("p", [1, 2], "race")], sampling)
+        # The warm-up's two turns, then the race episode's first; its step now waits for the weights.
+        wait_for(lambda: len(ray.get(engine.log.remote())[0]) == 3, 60, "the episode's first turn")
+        trainer._sync_weights()
+        ray.get(episode)
+        assert ray.get(engine.log.remote()) == ([0, 0, 0, 0], 1)  # both turns by version 0, then the new weights
+    finally:
+        for actor in (runner, engine, signal):
+            ray.kill(actor)
