@@ -78,7 +78,7 @@ def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(
     shown = yaml.safe_load(control_plane.kubectl("-n", namespace, "get", "rlhfjob", "tiny-grpo", "-o", "yaml").stdout)
     evaluation = shown["status"]["metrics"]["evaluation"]
     assert evaluation["letters/mean_reward"] == pytest.approx(evals[-1]["eval/letters/mean_reward"])
-    assert evaluation["letters/pass@k"] == pytest.approx(evals[-1]["eval/letters/pass@k"])
+    assert evaluation["letters/pass@1"] == pytest.approx(evals[-1]["eval/letters/pass@1"])
     best = max(evals, key=lambda row: row["eval/letters/mean_reward"])  # the first of equals is kept
     assert evaluation["best/step"] == best["step"]
     assert json.loads((run_dir / "best" / "best.json").read_text())["step"] == best["step"]

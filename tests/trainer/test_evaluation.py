@@ -15,6 +15,7 @@ from rlhf_api.validation import InvalidJob, validate
 from rlhf_trainer.evaluation import Evaluation, pass_at_k
 from rlhf_trainer.kube_status import status_metrics
 from rlhf_trainer.reporting import JsonlWriter, TensorBoardWriter
+from rlhf_trainer.rewards import RewardResult
 from rlhf_trainer.run import run
 
 
@@ -50,12 +51,12 @@ def test_evaluations_are_due_every_interval_and_after_the_last_step(tmp_path):
 def test_metric_names_status_and_the_best(tmp_path):
     evaluation = _evaluation(tmp_path, samplesPerPrompt=2, temperature=1.0, passThreshold=0.5, bestMetric="held-out/pass@k",
                              bestMode="min")
-    metrics = evaluation.metrics("held-out", torch.tensor([0.4, 0.6, 0.1, 0.2]))
-    assert metrics == {"eval/held-out/mean_reward": pytest.approx(0.325), "eval/held-out/pass@k": 0.5}
+    metrics = evaluation.metrics("held-out", RewardResult(torch.zeros(4), {}, torch.tensor([0.4, 0.6, 0.1, 0.2])))
+    assert metrics == {"eval/held-out/mean_reward": pytest.approx(0.325), "eval/held-out/pass@2": 0.5}  # k written out
     assert evaluation.best_value(metrics) == 0.5
     assert evaluation.better(0.4, 0.5) and not evaluation.better(0.6, 0.5) and evaluation.better(0.6, None)
     status = status_metrics({"reward_mean": 0.3, **metrics, "eval/best/step": 4.0})
-    assert status.pop("evaluation") == {"held-out/mean_reward": pytest.approx(0.325), "held-out/pass@k": 0.5,
+    assert status.pop("evaluation") == {"held-out/mean_reward": pytest.approx(0.325), "held-out/pass@2": 0.5,
                                         "best/step": 4.0}
     assert status == {"rewardMean": 0.3}
 
@@ -99,7 +100,7 @@ def test_a_run_reports_evaluations_and_keeps_the_best_actor(toy_job, tiny_model,
     evals = [m for m in rows if "eval/letters/mean_reward" in m]
     assert [m["step"] for m in evals] == [0, 2, 4]
     for m in evals:
-        assert 0.0 <= m["eval/letters/mean_reward"] <= 1.0 and 0.0 <= m["eval/letters/pass@k"] <= 1.0
+        assert 0.0 <= m["eval/letters/mean_reward"] <= 1.0 and 0.0 <= m["eval/letters/pass@1"] <= 1.0
     best = max(evals, key=lambda m: m["eval/letters/mean_reward"])
     assert evals[-1]["eval/best/step"] == best["step"]
     assert evals[-1]["eval/best/value"] == pytest.approx(best["eval/letters/mean_reward"])
@@ -114,4 +115,4 @@ def test_a_run_reports_evaluations_and_keeps_the_best_actor(toy_job, tiny_model,
         assert all(torch.equal(saved[name], weights[name]) for name in saved) == (record["step"] == step)
 
     events = EventAccumulator(str(out / "tensorboard")).Reload()
-    assert [e.step for e in events.Scalars("eval/letters/pass@k")] == [0, 2, 4]
+    assert [e.step for e in events.Scalars("eval/letters/pass@1")] == [0, 2, 4]

@@ -212,3 +212,20 @@ def test_lora_critic_trains_adapters_and_its_value_head_only(tiny_model, local_r
              {"before": values, "after": critic.forward(sequences, attention_mask, 4)}.items()}
     assert error["after"] < error["before"], error
     _release(group, critic.workers)
+
+
+def test_merged_entries_of_a_conv1d_model_announce_the_shape_they_send():
+    """GPT-2's layers are Conv1D, their weights stored [in, out] (peft's fan_in_fan_out): the shape
+    announced to vLLM before each weight is the merged tensor's, which is the base model's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlhf_trainer.workers.lora import apply_lora, merged_entries
+
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, n_inner=48)
+    model = GPT2LMHeadModel(config)
+    base = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    apply_lora(model, LoRASpec(rank=4, alpha=8, target_modules=["c_attn", "c_fc"]), "actor")
+    entries = merged_entries(model)
+    assert sum(len(params) == 3 for _, _, params, _ in entries) == 2  # the two adapted layers
+    for name, shape, _, compute in entries:
+        assert shape == tuple(compute().shape) == base[name], name

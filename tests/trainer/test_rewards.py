@@ -103,16 +103,14 @@ def test_prompts_completions_and_labels_reach_the_function(tmp_path):
     assert sys.modules["rlhf_reward_echo"].seen == [(["p"], ["c"], [None])]  # no labels in the dataset
 
 
-def test_weights_sum_and_clip(tmp_path):
+def test_weights_sum(tmp_path):
     write(tmp_path / "length.py", LENGTH_REWARD)
     write(tmp_path / "minus.py", "import numpy as np\n\ndef score(p, c, l):\n    return -np.ones(len(p))\n")
     two = [function_source("length", "length.py:score", weight=2.0), function_source("minus", "minus.py:score", weight=0.5)]
     result = build_reward(spec(*two), base_dir=tmp_path).score(PROMPTS, COMPLETIONS, LABELS)
     assert result.total.tolist() == [1.5, 3.5, 5.5, 7.5, 9.5]
     assert result.by_source["length"].tolist() == [1, 2, 3, 4, 5] and result.by_source["minus"].tolist() == [-1] * 5
-    clipped = build_reward(spec(*two, clip=4.0), base_dir=tmp_path).score(PROMPTS, COMPLETIONS, LABELS)
-    assert clipped.total.tolist() == [1.5, 3.5, 4.0, 4.0, 4.0]
-    assert clipped.by_source["length"].tolist() == [1, 2, 3, 4, 5]  # sources are reported unclipped
+    assert result.task.tolist() == result.total.tolist()  # reward.clip bounds the shaped total (test_length_shaping)
 
 
 @pytest.mark.parametrize(("body", "message"), [

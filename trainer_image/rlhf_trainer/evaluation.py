@@ -1,7 +1,8 @@
 """Evaluation during training (spec.evaluation): held-out prompt sets sampled with the rollout engines
 (and environment) and scored with the run's reward; the metrics and the choice of the best checkpoint.
 
-Metrics, per set: eval/<set>/mean_reward (over every sample) and eval/<set>/pass@k, the unbiased
+Metrics, per set: eval/<set>/mean_reward (over every sample) and eval/<set>/pass@<k> (k written out:
+pass@4), the unbiased
 estimate of the chance that at least one of k samples of a prompt passes (its reward reaches
 passThreshold), averaged over prompts (Chen et al. 2021, arXiv:2107.03374); with bestMetric also
 eval/best/step and eval/best/value.
@@ -17,6 +18,7 @@ from torch import Tensor
 from rlhf_api.v1alpha1 import DataSpec, EvaluationSpec, RolloutSpec
 
 from .data import PromptDataset
+from .rewards import RewardResult
 
 PREFIX = "eval/"
 
@@ -51,15 +53,20 @@ class Evaluation:
         return dict(n=self.spec.samples_per_prompt, max_tokens=rollout.max_new_tokens,
                     temperature=self.spec.temperature)
 
-    def metrics(self, name: str, rewards: Tensor) -> dict[str, float]:
-        """A set's metrics from its rewards [prompts * samplesPerPrompt], prompt-major."""
+    def metrics(self, name: str, reward: RewardResult) -> dict[str, float]:
+        """A set's metrics from its rewards [prompts * samplesPerPrompt], prompt-major: the task's own
+        (unshaped) reward, comparable across runs whatever their length shaping."""
+        rewards = reward.task
         passed = (rewards >= self.spec.pass_threshold).reshape(-1, self.spec.samples_per_prompt)
         return {f"{PREFIX}{name}/mean_reward": rewards.float().mean().item(),
-                f"{PREFIX}{name}/pass@k": pass_at_k(passed, self.k)}
+                f"{PREFIX}{name}/pass@{self.k}": pass_at_k(passed, self.k)}
 
     def best_value(self, metrics: dict[str, float]) -> float | None:
-        """The value of bestMetric among an evaluation's metrics (None without bestMetric)."""
-        return metrics[PREFIX + self.spec.best_metric] if self.spec.best_metric else None
+        """The value of bestMetric among an evaluation's metrics (None without bestMetric); its
+        <set>/pass@k names the set's pass@<k>."""
+        if not self.spec.best_metric:
+            return None
+        return metrics[PREFIX + self.spec.best_metric.replace("/pass@k", f"/pass@{self.k}")]
 
     def better(self, value: float, best: float | None) -> bool:
         if best is None:

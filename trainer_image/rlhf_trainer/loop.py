@@ -123,6 +123,7 @@ class RunLoop(ABC):
 
     def fit(self) -> None:
         self._resume()
+        self._before_steps()
         steps = self._steps(self._batches())
         data_position = None
         while True:
@@ -149,6 +150,9 @@ class RunLoop(ABC):
         """Stop after the step under way, with a checkpoint of it (safe in a signal handler: it sets a flag
         `fit` reads between steps)."""
         self.stop_requested = True
+
+    def _before_steps(self) -> None:
+        """Whatever runs once before the first step of this run (after the resume), outside any step's time."""
 
     @abstractmethod
     def _steps(self, batches: Iterator[tuple[list, dict]]) -> Iterator[tuple[dict[str, float], dict]]:

@@ -27,7 +27,8 @@ spec.evaluation samples held-out sets after the steps it names and keeps the bes
 
 With training.asyncQueueSize N > 0 the next N rollouts are generated while a step trains, by
 engines that are up to N updates behind (a Ray actor runs its calls in order, so each weight
-update lands after the rollouts queued before it).
+update lands after the rollouts queued before it; the episode runner's too, whose turns reach the
+engines one by one: the sync waits for it first).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .experience import Experience
 from .losses import masked_mean
 from .loop import RunLoop
 from .rewards import RewardResult, build_reward
-from .sampling import Rollout, fill_batch, informative_groups, length_penalty
+from .sampling import Rollout, fill_batch, informative_groups, shape_rewards
 from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_broadcast_group, sync_weights
@@ -120,16 +121,21 @@ class Trainer(RunLoop):
 
     # -- the loop --------------------------------------------------------------------------------
 
+    def _before_steps(self) -> None:
+        if self.step == 0 and self.evaluation and self.evaluation.due(0, self.total_steps):
+            self._log_evaluation(0)  # the baseline
+
     def _steps(self, batches: Iterator[tuple[list[PromptItem], dict]]) -> Iterator[tuple[dict[str, float], dict]]:
         queue: deque[PendingRollout] = deque()
-        if self.step == 0 and self.evaluation and self.evaluation.due(0, self.total_steps):
-            with self.timer.phase("evaluation", split=False):
-                self.reporter.log(0, self._evaluate(0))  # the baseline
         for step in range(self.step + 1, self.total_steps + 1):
             while len(queue) <= self.training.async_queue_size and (batch := next(batches, None)):
                 queue.append(self._start_rollout(*batch))
             if not queue:
-                return  # dynamic sampling's extra rounds used up the data passes
+                # Dynamic sampling's extra rounds used up the data passes: the step before was the last,
+                # and gets the evaluation (and best-checkpoint check) due after the last one.
+                if self.evaluation and not self.evaluation.due(self.step, self.total_steps):
+                    self._log_evaluation(self.step)
+                return
             started = time.perf_counter()
             current = queue.popleft()
             rollout, metrics = self._collect(current, batches)
@@ -186,19 +192,20 @@ class Trainer(RunLoop):
             return rollout, {}
         n, wanted = pending.samples_per_prompt, len(pending.prompts)
         rounds = [rollout]
-        keep = [informative_groups(rollout.reward.total, n, spec)]
+        keep = [informative_groups(rollout.reward, n, spec)]
         while sum(int(k.sum()) for k in keep) < wanted and len(rounds) <= spec.max_extra_rounds:
             batch = self._extra_batch(batches)
             if batch is None:
                 break
             rounds.append(self._scored(self._start_rollout(*batch)))
-            keep.append(informative_groups(rounds[-1].reward.total, n, spec))
+            keep.append(informative_groups(rounds[-1].reward, n, spec))
         kept = [r.groups(k, n) for r, k in zip(rounds, keep)]
         dropped = [r.groups(~k, n) for r, k in zip(rounds, keep)]
         batch, refilled = fill_batch(kept, dropped, wanted, n)
-        sampled = torch.cat([r.reward.total for r in rounds])
+        sampled, informative = torch.cat([r.reward.total for r in rounds]), torch.cat(keep)
         return batch, {
-            "dynamic_sampling/dropped_groups": float(sum(int((~k).sum()) for k in keep)),
+            "dynamic_sampling/dropped_groups": float((~informative).sum()),
+            "dynamic_sampling/kept_fraction": informative.float().mean().item(),  # of every round's groups
             "dynamic_sampling/extra_rounds": float(len(rounds) - 1),
             "dynamic_sampling/refilled_groups": float(refilled),
             "dynamic_sampling/sampled_reward_mean": sampled.mean().item(),
@@ -229,7 +236,7 @@ class Trainer(RunLoop):
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
         )
-        return experience, self._rollout_metrics(experience, reward, samples, rollout.seconds)
+        return experience, self._rollout_metrics(experience, rollout)
 
     def _score_rewards(self, prompts: list[PromptItem], samples: list[Completion]) -> RewardResult:
         """2. every spec.reward source's score of each completion (a whole episode's transcript), the
@@ -238,17 +245,8 @@ class Trainer(RunLoop):
         if self.reward:
             result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
         else:
-            result = RewardResult(torch.zeros(len(samples)), {})
-        if self.spec.environment:
-            result.by_source["environment"] = torch.tensor([c.env_reward for c in samples], dtype=torch.float32)
-            result.total = result.total + self.spec.environment.reward_weight * result.by_source["environment"]
-        shaping = self.rollout.length_shaping
-        if shaping.overlong_buffer_tokens or shaping.truncation_penalty:
-            result.by_source["length_penalty"] = length_penalty(
-                torch.tensor([len(c.token_ids) for c in samples]), torch.tensor([c.truncated for c in samples]),
-                self.rollout.max_new_tokens, shaping)
-            result.total = result.total + result.by_source["length_penalty"]
-        return result
+            result = RewardResult(torch.zeros(len(samples)), {}, torch.zeros(len(samples)))
+        return shape_rewards(result, samples, self.spec)
 
     def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
                               action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -283,8 +281,8 @@ class Trainer(RunLoop):
             AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda),
         )
 
-    def _rollout_metrics(self, experience: Experience, reward: RewardResult, samples: list[Completion],
-                         generation_seconds: float) -> dict[str, float]:
+    def _rollout_metrics(self, experience: Experience, rollout: Rollout) -> dict[str, float]:
+        reward, samples = rollout.reward, rollout.samples
         action_mask, response_length = experience.action_mask, experience.response_length
         metrics = {
             "reward_mean": reward.total.mean().item(),
@@ -293,7 +291,7 @@ class Trainer(RunLoop):
             "response_length": response_length.float().mean().item(),
             "truncated_fraction": sum(c.truncated for c in samples) / len(samples),
             "turns": sum(c.turns for c in samples) / len(samples),
-            "tokens_per_second": response_length.sum().item() / generation_seconds,
+            "tokens_per_second": rollout.tokens / rollout.seconds,  # sampled, dropped groups' too
             # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
             # sync works, growing with every update the engines miss when it does not.
             "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(),
@@ -338,13 +336,19 @@ class Trainer(RunLoop):
 
     # -- evaluation --------------------------------------------------------------------------------
 
+    def _log_evaluation(self, step: int) -> None:
+        """An evaluation reported on its own (not with a step's metrics), with its time."""
+        with self.timer.phase("evaluation", split=False):
+            metrics = self._evaluate(step)
+        self.reporter.log(step, metrics | self.timer.take())
+
     def _evaluate(self, step: int) -> dict[str, float]:
         """Every evaluation set sampled and scored with the current weights; the best actor kept."""
         sampling = self.evaluation.sampling(self.rollout)
         metrics = {}
         for name, dataset in self.evaluation.sets.items():
             rollout = self._scored(self._start_rollout(dataset.items, {}, sampling))
-            metrics.update(self.evaluation.metrics(name, rollout.reward.total))
+            metrics.update(self.evaluation.metrics(name, rollout.reward))
         value = self.evaluation.best_value(metrics)
         if value is not None and self.evaluation.better(value, self.best and self.best["value"]):
             self.best = {"step": step, "metric": self.spec.evaluation.best_metric, "value": value}
@@ -356,6 +360,11 @@ class Trainer(RunLoop):
     # -- 7. weight sync ---------------------------------------------------------------------------
 
     def _sync_weights(self) -> None:
+        if self.runner:
+            # The runner sends an episode's turns to the engines one by one: idle engines may be between
+            # two turns of a queued episode (asyncQueueSize), which must not straddle the update. Its
+            # episodes queued before this sync finish first, as an engine's queued rollouts do.
+            ray.get(self.runner.ready.remote())
         sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype)
 
     def _resume(self) -> bool:

@@ -20,14 +20,14 @@ class EnvironmentClass(APIModel):
 
 
 class EnvironmentHTTP(APIModel):
-    """An environment served over HTTP. POST url {"action": "reset", "episode", "prompt", "label"} answers anything (an optional "observation"); POST url {"action": "step", "episode", "completion"} answers {"observation", "reward", "done"}. episode is an id unique within the run."""
+    """An environment served over HTTP. POST url {"action": "reset", "episode", "prompt", "label"} answers anything (an optional "observation"); POST url {"action": "step", "episode", "turn", "completion"} answers {"observation", "reward", "done"}. episode is an id unique within the run; turn counts the episode's steps from 0. A step is retried after a timeout or a 5xx answer with the same episode and turn: answer a repeat with the first answer, without applying the turn again."""
 
     url: str = Field(pattern=r"^https?://", max_length=2048)
     """Endpoint URL, starting with http:// or https://."""
     timeout_seconds: float = Field(30, gt=0, le=3600)
     """Per-request timeout."""
     retries: int = Field(3, ge=0, le=20)
-    """Retries on connection errors and 5xx answers, with exponential backoff."""
+    """Retries on connection errors, timeouts and 408, 429 and 5xx answers, with exponential backoff (a step's retry repeats its turn)."""
 
 
 class EnvironmentSpec(APIModel):
@@ -56,4 +56,4 @@ class EnvironmentSpec(APIModel):
     max_tokens_per_turn: int | None = Field(None, ge=1)
     """Tokens the policy may generate in one turn; unset: whatever is left of rollout.maxNewTokens."""
     reward_weight: float = Field(1.0, ge=0)
-    """Weight of the episode reward in the total reward (reported as reward/environment)."""
+    """Weight of the episode reward in the total reward that trains (reported unweighted as reward/environment; dynamic sampling and evaluation take it unweighted)."""

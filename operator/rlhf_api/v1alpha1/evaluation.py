@@ -30,7 +30,7 @@ class EvalDataset(APIModel):
 
 class EvaluationSpec(APIModel):
     """Evaluation during training: every intervalSteps steps and after the last one, each set's prompts are sampled
-    samplesPerPrompt times (with the rollout's engines, environment and reward) and scored: mean reward and pass@k
+    samplesPerPrompt times (with the rollout's engines, environment and reward) and scored: mean reward and pass@<k>
     (a sample passes when its reward reaches passThreshold; the unbiased estimator of Chen et al. 2021,
     arXiv:2107.03374). The results go to the metrics (eval/<set>/...), TensorBoard and status.metrics.evaluation;
     with bestMetric set, the actor with the best value so far is saved in Hugging Face format to
@@ -60,8 +60,8 @@ class EvaluationSpec(APIModel):
     pass_k: int | None = Field(None, ge=1)
     """k of pass@k; unset: samplesPerPrompt."""
     pass_threshold: float = 1.0
-    """A sample passes when its total reward is at least this."""
+    """A sample passes when its reward is at least this: the task's own, unshaped (the reward sources' weighted sum plus the environment's episode reward; no rewardWeight, length penalty or clip), as for mean_reward."""
     best_metric: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/(mean_reward|pass@k)$", max_length=128)
-    """Keep the best checkpoint by this metric: <set>/mean_reward or <set>/pass@k."""
+    """Keep the best checkpoint by this metric: <set>/mean_reward or <set>/pass@k (the set's pass@<k>, e.g. pass@4)."""
     best_mode: Literal["max", "min"] = "max"
     """Whether the best value is the largest or the smallest."""

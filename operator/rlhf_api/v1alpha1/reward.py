@@ -77,4 +77,4 @@ class RewardSpec(APIModel):
     sources: list[RewardSource] = Field(min_length=1, max_length=8)
     """Reward sources, summed with their weights."""
     clip: float | None = Field(None, gt=0)
-    """Clip each total reward to [-clip, clip] before advantages are computed."""
+    """Clip each total reward to [-clip, clip] before advantages are computed: the sources' weighted sum, the environment's reward and the length penalties together."""

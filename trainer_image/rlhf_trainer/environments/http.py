@@ -1,6 +1,10 @@
 """Environments of type http: one JSON POST per reset and per step, naming the episode (see
 rlhf_api EnvironmentHTTP for the protocol), retried as jsonpost.post_json retries: connection errors,
-timeouts and 408/429/5xx answers; other 4xx answers are not (the request itself is wrong)."""
+timeouts and 408/429/5xx answers; other 4xx answers are not (the request itself is wrong).
+
+A step is not idempotent, and a timed-out one may have been applied: each step names its turn too,
+the same in every retry of it, so that the service can answer a repeat with its first answer
+instead of playing the turn twice."""
 
 from __future__ import annotations
 
@@ -27,16 +31,19 @@ class HTTPEnvironment:
 
     def __init__(self, client: JSONClient, episode: str):
         self.client, self.episode = client, episode
+        self.turn = 0  # steps answered so far
 
     def reset(self, prompt: str, label: Any) -> str | None:
         answer = self.client.post({"action": "reset", "episode": self.episode, "prompt": prompt, "label": label})
         return answer.get("observation") if isinstance(answer, dict) else None
 
     def step(self, completion: str) -> tuple[str, float, bool]:
-        answer = self.client.post({"action": "step", "episode": self.episode, "completion": completion})
+        answer = self.client.post({"action": "step", "episode": self.episode, "turn": self.turn,
+                                   "completion": completion})
         if not isinstance(answer, dict) or not {"observation", "reward", "done"} <= answer.keys():
             raise ValueError(f"{redact.url(self.client.url)} answered {str(answer)[:200]!r} to a step; expected "
                              '{"observation": text, "reward": number, "done": true/false}')
+        self.turn += 1
         return answer["observation"], answer["reward"], answer["done"]
 
 

@@ -40,9 +40,10 @@ class Episode:
         return self.budget - len(self.token_ids)
 
     def observe(self, token_ids: list[int]) -> None:
-        """Append an observation; with no room left for a turn after it, the episode ends without it."""
+        """Append an observation; with no room left for a turn after it, the episode ends without it, cut
+        by the budget (truncated, as a turn stopped by its token limit is)."""
         if len(token_ids) >= self.left:
-            self.done = True
+            self.done = self.truncated = True
             return
         self.token_ids += token_ids
         self.log_probs += [0.0] * len(token_ids)
@@ -94,6 +95,9 @@ class EpisodeRunner:
                     episode.observe(self._tokens(observation))
         completions = [e.completion() for e in episodes]
         return [completions[i * n:(i + 1) * n] for i in range(len(prompts))], time.perf_counter() - started
+
+    def ready(self) -> None:
+        """Nothing: an actor runs its calls in order, so this returns once the episodes queued before it are done."""
 
     def _tokens(self, text: str) -> list[int]:
         # Special tokens written in the text (a chat template's turn markers) are encoded as such.

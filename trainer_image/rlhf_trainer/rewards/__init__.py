@@ -48,8 +48,11 @@ SOURCE_BUILDERS: dict[str, Callable[[RewardSource, SourceContext], Scorer]] = {
 
 @dataclass
 class RewardResult:
-    total: Tensor  # [N] float32: sum of weight * source score, clipped to [-clip, clip] when clip is set
+    total: Tensor  # [N] float32: what trains; sum of weight * source score, shaped (sampling.shape_rewards)
     by_source: dict[str, Tensor]  # source name -> [N] float32 unweighted scores
+    # [N] float32: the task's own reward (DAPO's accuracy), unshaped: what dynamic sampling filters on
+    # and evaluation scores. The sources' weighted sum, plus an environment's episode reward.
+    task: Tensor
 
 
 def _describe(source: RewardSource) -> str:
@@ -79,10 +82,10 @@ def _as_scores(values: Any, count: int, source: RewardSource) -> Tensor:
 
 
 class Reward:
-    """Weighted sources with optional clipping; see build_reward."""
+    """Weighted sources; see build_reward."""
 
-    def __init__(self, sources: list[tuple[RewardSource, Scorer]], clip: float | None = None):
-        self.sources, self.clip = sources, clip
+    def __init__(self, sources: list[tuple[RewardSource, Scorer]]):
+        self.sources = sources
 
     def score(self, prompts: list[str], completions: list[str], labels: list[Any] | None = None) -> RewardResult:
         """Scores of N completions: prompts[i] (as given to the generator), completions[i], labels[i]."""
@@ -98,9 +101,7 @@ class Reward:
                 raise RewardError(f"{_describe(source)} failed: {error}") from error
             by_source[source.name] = _as_scores(values, len(prompts), source)
             total += source.weight * by_source[source.name]
-        if self.clip is not None:
-            total = total.clamp(-self.clip, self.clip)
-        return RewardResult(total, by_source)
+        return RewardResult(total, by_source, total.clone())
 
 
 def build_reward(
@@ -117,7 +118,7 @@ def build_reward(
             sources.append((source, SOURCE_BUILDERS[source.type](source, context)))
         except Exception as error:
             raise RewardError(f"{_describe(source)}: {error}") from error
-    return Reward(sources, spec.clip)
+    return Reward(sources)
 
 
 __all__ = [

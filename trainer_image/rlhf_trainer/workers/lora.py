@@ -74,7 +74,11 @@ def merged_entries(module: nn.Module) -> list[Entry]:
         owner = module.get_submodule(name.rsplit(".base_layer.", 1)[0]) if ".base_layer." in name else None
         if isinstance(owner, LoraLayer) and name.endswith(".base_layer.weight"):
             adapters = [owner.lora_A[ADAPTER].weight, owner.lora_B[ADAPTER].weight]
-            shape = (owner.out_features, owner.in_features)  # a 4-bit weight's own shape is its packed one
+            # Not the weight's own shape: a 4-bit weight's is its packed one. A Conv1D layer (GPT-2's,
+            # peft's fan_in_fan_out) stores its weight [in, out], and so is the merged one.
+            shape = (owner.out_features, owner.in_features)
+            if getattr(owner, "fan_in_fan_out", False):
+                shape = shape[::-1]
             entries.append((base_name(name), shape, [param, *adapters], lambda layer=owner: _merged_weight(layer)))
         else:
             entries.append((base_name(name), full_shape(param), [param], lambda p=param: p.data))
