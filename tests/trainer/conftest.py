@@ -195,3 +195,11 @@ def ray_nodes():
     yield nodes
     nodes.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the pinned wheel's GGUF (rlhf smollm2-model), once per session."""
+    from rlhf_trainer.pretrained import build_smollm2
+
+    return build_smollm2(tmp_path_factory.mktemp("smollm2") / "model")
