@@ -207,3 +207,9 @@ def smollm2(tmp_path_factory) -> Path:
     from rlhf_trainer.pretrained import build_smollm2
 
     return build_smollm2(tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.fixture
+def smollm2_job(smollm2, tmp_path):
+    """The real model's example job (smollm2-grpo-cpu) in this test's directory: smollm2_job(**overrides) -> job file."""
+    return lambda **spec: write_toy_job(tmp_path, smollm2, EXAMPLES / "smollm2-grpo-cpu-job.yaml", "arithmetic", **spec)

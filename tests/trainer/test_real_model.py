@@ -10,14 +10,11 @@ import pytest
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import run
 
-from .conftest import EXAMPLES, write_toy_job
-
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_two_steps_of_the_real_model_s_example(smollm2, local_ray, tmp_path):
-    job = write_toy_job(
-        tmp_path, smollm2, EXAMPLES / "smollm2-grpo-cpu-job.yaml", "arithmetic",
+def test_two_steps_of_the_real_model_s_example(smollm2_job, local_ray, tmp_path):
+    job = smollm2_job(
         **{"training.maxSteps": 2, "training.rolloutBatchSize": 4, "rollout.samplesPerPrompt": 4,
            "training.trainBatchSize": 16, "training.microTrainBatchSize": 4, "rollout.maxNewTokens": 48,
            "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False, "evaluation": None})
