@@ -10,7 +10,14 @@ from .aggregation import (
     masked_whiten,
 )
 from .entropy import entropy_bonus, entropy_from_logits
-from .policy import PolicyLoss, ppo_clip_per_token, ppo_policy_loss
+from .policy import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    clipped_surrogate,
+    policy_loss,
+    ppo_clip_per_token,
+    ppo_policy_loss,
+)
 from .preference import (
     PREFERENCE_LOSSES,
     PreferenceConfig,
@@ -27,6 +34,7 @@ from .value import ValueLoss, value_loss, value_loss_per_token
 
 __all__ = [
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "PolicyLoss",
     "PreferenceConfig",
@@ -36,6 +44,7 @@ __all__ = [
     "ValueLoss",
     "aggregate_loss",
     "cdpo_loss",
+    "clipped_surrogate",
     "dpo_loss",
     "entropy_bonus",
     "entropy_from_logits",
@@ -46,6 +55,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "pairwise_reward_loss",
+    "policy_loss",
     "ppo_clip_per_token",
     "ppo_policy_loss",
     "reward_accuracy",
