@@ -1,4 +1,11 @@
-"""Trainer losses: one module per loss, each citing its paper; masked reductions live in aggregation."""
+"""Trainer losses: one module per loss, each citing its paper; masked reductions live in aggregation.
+
+Every module of this package is imported here, so a new loss module's registrations (e.g.
+``@POLICY_LOSSES.register``) take effect without a line in this file.
+"""
+
+import importlib
+import pkgutil
 
 from .aggregation import (
     LOSS_AGGREGATIONS,
@@ -64,3 +71,6 @@ __all__ = [
     "value_loss",
     "value_loss_per_token",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
