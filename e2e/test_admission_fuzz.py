@@ -28,7 +28,6 @@ import yaml
 
 from e2e.controlplane.client import Session
 from rlhf_api.v1alpha1.base import WHOLE_FLOAT_LIMIT
-from rlhf_api.v1alpha1.job import ALGORITHM_DEFAULTS
 from rlhf_api.validation import InvalidJob, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -283,11 +282,8 @@ def offline(body: dict[str, Any]) -> tuple[bool, Any]:
         job = validate(copy.deepcopy(body))
     except InvalidJob as refused:
         return False, [str(e) for e in refused.errors]
-    spec = job.spec.model_dump(by_alias=True, exclude_none=True)
-    for section, name in ALGORITHM_DEFAULTS:  # the API server leaves them unset when they were
-        if (body["spec"].get(section) or {}).get(name) is None:
-            spec[section].pop(name)
-    return True, spec
+    # The per-algorithm defaults too: the chart's algorithm-defaults policy has the API server store them.
+    return True, job.spec.model_dump(by_alias=True, exclude_none=True)
 
 
 def differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
