@@ -3,7 +3,7 @@ config and learning-rate schedule, loading the Hugging Face model, and the forwa
 training steps (objectives.py) and the worker's scoring share.
 
 Roles:
-- actor: causal LM, trained with the PPO-clip loss; log-probs of response tokens.
+- actor: causal LM, trained with the policy loss the catalogue names for the algorithm; log-probs of response tokens.
 - reference: frozen causal LM; log-probs for the KL penalty.
 - critic: sequence classifier whose score head is read at every token (values), trained with the value loss.
 - reward: frozen sequence classifier scoring whole texts (the reward of a `type: model` source).
