@@ -46,7 +46,9 @@ def render() -> str:
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": NAME},
         "spec": {
-            "failurePolicy": "Fail",
+            # A malformed job (a field of the wrong type) cannot be patched: the policy steps aside and
+            # the schema refuses the job naming the field, as without it. A well-formed one is always patched.
+            "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchConstraints": {"resourceRules": [{
                 "apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
