@@ -3,7 +3,7 @@ SHELL := bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test crd
+.PHONY: setup demo test crd generate
 setup:  ## create/refresh the pinned virtualenv (fast when already done)
 	bash requirements/install.sh >&2
 
@@ -20,6 +20,12 @@ test:  ## run the whole suite; the local control plane builds in the background 
 
 crd: setup  ## regenerate crds/ from the API models
 	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml
+
+# Every generated file: the CRD (the chart's files/ links to it), the algorithm-defaults policy, and
+# manifests/install.yaml (render-manifests.sh builds the pinned helm first when it is not cached).
+generate: crd  ## regenerate every generated file from the API models and the algorithm catalogue
+	$(VENV)/bin/rlhf defaults-policy > helm/rlhf-operator/files/algorithm-defaults-policy.yaml
+	$(MAKE) manifests
 
 .PHONY: control-plane dev-cluster-up dev-cluster-down
 control-plane:  ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, KubeRay and helm (cached)

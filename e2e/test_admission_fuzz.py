@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from e2e.controlplane.client import Session
+from rlhf_api import algorithms
 from rlhf_api.v1alpha1.base import WHOLE_FLOAT_LIMIT
-from rlhf_api.v1alpha1.job import ALGORITHM_DEFAULTS
 from rlhf_api.validation import InvalidJob, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -283,11 +283,8 @@ def offline(body: dict[str, Any]) -> tuple[bool, Any]:
         job = validate(copy.deepcopy(body))
     except InvalidJob as refused:
         return False, [str(e) for e in refused.errors]
-    spec = job.spec.model_dump(by_alias=True, exclude_none=True)
-    for section, name in ALGORITHM_DEFAULTS:  # the API server leaves them unset when they were
-        if (body["spec"].get(section) or {}).get(name) is None:
-            spec[section].pop(name)
-    return True, spec
+    # The per-algorithm defaults too: the chart's algorithm-defaults policy has the API server store them.
+    return True, job.spec.model_dump(by_alias=True, exclude_none=True)
 
 
 def differences(ours: Any, theirs: Any, path: str = "spec") -> list[str]:
@@ -365,3 +362,20 @@ def test_validate_and_the_api_server_agree_on_mutated_specs(api_server) -> None:
     assert not disagreements, (f"{len(disagreements)} of {len(cases)} specs (RLHF_FUZZ_SEED={SEED}) disagree "
                                f"(example: mutations; verdicts):\n  "
                                + "\n  ".join(disagreements[:40]))
+
+
+@pytest.mark.parametrize("algorithm", algorithms.ONLINE)
+def test_the_stored_job_shows_the_training_its_algorithm_runs_with(api_server, algorithm) -> None:
+    """Each online algorithm of the catalogue, its training section left to the defaults: the job the
+    API server stores (what `kubectl get -o yaml` shows) has the algorithm's clip range and loss
+    aggregation, the values `rlhf validate` and the trainer use."""
+    session, namespace = api_server
+    body = next(e for e in examples() if e["metadata"]["name"] == "tiny-grpo-cpu")
+    body["spec"]["algorithm"] = algorithm
+    for name in algorithms.TRAINING_DEFAULTS:
+        body["spec"]["training"].pop(name, None)
+    url = f"/apis/rlhf.dev/v1alpha1/namespaces/{namespace}/rlhfjobs?dryRun=All&fieldValidation=Strict"
+    status, answer = session.request("POST", url, as_kubectl_sends(body))
+    assert status == 201, answer
+    stored = {name: answer["spec"]["training"].get(name, "<absent>") for name in algorithms.TRAINING_DEFAULTS}
+    assert stored == algorithms.ALGORITHMS[algorithm].training_defaults

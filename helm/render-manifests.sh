@@ -5,5 +5,6 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/e2e/build/build.sh" helm >/dev/null
 helm=$("$root/e2e/build/build.sh" paths | sed -n 's/^HELM=//p')
 echo "# Rendered from helm/rlhf-operator by helm/render-manifests.sh (make manifests). Do not edit."
+# The manifests are for a cluster that serves MutatingAdmissionPolicy (Kubernetes 1.36 or later).
 "$helm" template rlhf-operator "$root/helm/rlhf-operator" --namespace rlhf-system \
-  --set createNamespace=true 2>/dev/null
+  --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy --set createNamespace=true 2>/dev/null

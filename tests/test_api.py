@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from rlhf_api import crd
+from rlhf_api import crd, defaults_policy
+from rlhf_api.algorithms import ALGORITHMS, CATALOGUE
 from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
 
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 INVALID = sorted((ROOT / "tests" / "specs" / "invalid").glob("*.yaml"))
 CRD_FILE = ROOT / "crds" / "rlhf.dev_rlhfjobs.yaml"
+DEFAULTS_POLICY_FILE = ROOT / "helm" / "rlhf-operator" / "files" / "algorithm-defaults-policy.yaml"
 
 
 def expectation(path: Path, key: str) -> str:
@@ -30,7 +32,11 @@ def openapi() -> dict:
 
 
 def test_checked_in_crd_matches_the_api_models():
-    assert CRD_FILE.read_text() == crd.render(), "crds/ drifted from the API models: run `rlhf crd > crds/rlhf.dev_rlhfjobs.yaml`"
+    assert CRD_FILE.read_text() == crd.render(), "crds/ drifted from the API models: run `make generate`"
+
+
+def test_checked_in_defaults_policy_matches_the_catalogue():
+    assert DEFAULTS_POLICY_FILE.read_text() == defaults_policy.render(), "the chart's algorithm-defaults policy drifted: run `make generate`"
 
 
 def walk(schema: dict, path: str = ""):
@@ -82,8 +88,12 @@ def test_example_is_valid_and_round_trips_through_the_crd_schema(path: Path):
 
 
 def test_examples_cover_every_algorithm_family():
-    algorithms = {yaml.safe_load(p.read_text())["spec"]["algorithm"] for p in EXAMPLES}
-    assert {"ppo", "grpo", "reinforce++", "rloo", "dpo", "sft", "rm"} <= algorithms
+    """Each kind of run the catalogue declares (dataset, model groups, grouped sampling) has an example."""
+    def family(a):
+        return a.dataset, a.roles, a.group_samples
+
+    used = {family(ALGORITHMS[yaml.safe_load(p.read_text())["spec"]["algorithm"]]) for p in EXAMPLES}
+    assert {family(a) for a in CATALOGUE} <= used
 
 
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if not p.name.startswith("tiny-")], ids=lambda p: p.name)

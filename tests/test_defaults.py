@@ -65,7 +65,7 @@ def server_defaults(value: Any, schema: dict[str, Any]) -> Any:
 
 def model_defaults(manifest: dict[str, Any]) -> dict[str, Any]:
     spec = validate(manifest).spec.model_dump(by_alias=True, exclude_none=True)
-    for section, name in ALGORITHM_DEFAULTS:  # no constant a CRD could hold: the API server leaves them unset
+    for section, name in ALGORITHM_DEFAULTS:  # no CRD default: the chart's algorithm-defaults policy sets them
         if (manifest["spec"].get(section) or {}).get(name) is None:
             spec[section].pop(name)
     return spec

@@ -1,4 +1,4 @@
-"""The chart's admission policies (ValidatingAdmissionPolicies and their bindings) as manifests/install.yaml
+"""The chart's admission policies (Validating- and MutatingAdmissionPolicies and their bindings) as manifests/install.yaml
 renders them: the tests run under the admission an installed cluster has (the trainer's status writes
 go through the chart's trainer-status policy). Not in the etcd seed: applying them takes a fraction
 of a second, and a changed chart needs no new seed."""
@@ -13,7 +13,8 @@ from .binaries import REPO
 from .crds import FIELD_MANAGER
 
 INSTALL = REPO / "manifests" / "install.yaml"
-KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+         "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
 
 
 def install(kubectl: Callable[..., object]) -> None:

@@ -2,17 +2,22 @@
 
 Everything else is derived from it: the API's `spec.algorithm` enum and the CRD's CEL rules
 (which dataset an algorithm reads, who needs a reward or several samples per prompt), the
-trainer's model groups, which training loop runs it, which advantage estimator or offline
-objective it uses, and the loss aggregation it defaults to (keys of the trainer's registries; a
-test checks that every key is registered).
+trainer's model groups, which training loop runs it, which advantage estimator and policy loss or
+which offline objective it uses (keys of the trainer's registries; a test checks that every key is
+registered), and the training settings it defaults to (the API server's MutatingAdmissionPolicy,
+`rlhf validate` and the trainer all apply `training_defaults`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 Dataset = Literal["prompts", "preferences", "sft"]
+
+# The spec.training fields whose default depends on the algorithm, with the value an algorithm that
+# declares none gets. They have no constant CRD default: the API server fills them per algorithm.
+TRAINING_DEFAULTS: dict[str, Any] = {"lossAggregation": "token-mean", "clipEps": 0.2, "clipEpsHigh": 0.0}
 
 
 @dataclass(frozen=True)
@@ -24,14 +29,20 @@ class AlgorithmInfo:
     # reward group when a reward source is a model; offline ones train roles[0].
     roles: tuple[str, ...]
     advantage: str | None = None  # online: rlhf_trainer.algorithms.ADVANTAGE_ESTIMATORS key
+    policy_loss: str = "ppo-clip"  # online: rlhf_trainer.losses.POLICY_LOSSES key (the actor's loss)
     objective: str | None = None  # offline: rlhf_trainer.offline.OBJECTIVES key
     group_samples: bool = False  # compares the samples of one prompt: needs rollout.samplesPerPrompt > 1
-    # training.lossAggregation when unset: an rlhf_trainer.losses.LOSS_AGGREGATIONS key
-    loss_aggregation: str = "token-mean"
+    # spec.training fields (API names, TRAINING_DEFAULTS keys) this algorithm defaults differently
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def online(self) -> bool:
         return self.dataset == "prompts"
+
+    @property
+    def training_defaults(self) -> dict[str, Any]:
+        """The value of each TRAINING_DEFAULTS field when the job leaves it unset."""
+        return {**TRAINING_DEFAULTS, **self.defaults}
 
 
 CATALOGUE: tuple[AlgorithmInfo, ...] = (
@@ -40,7 +51,10 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("grpo", "Shao et al. 2024, arXiv:2402.03300", "prompts", ("actor",),
                   advantage="group-norm", group_samples=True),
     AlgorithmInfo("dr-grpo", "Liu et al. 2025, arXiv:2503.20783", "prompts", ("actor",),
-                  advantage="dr-grpo", group_samples=True, loss_aggregation="seq-mean-token-sum-norm"),
+                  advantage="dr-grpo", group_samples=True, defaults={"lossAggregation": "seq-mean-token-sum-norm"}),
+    AlgorithmInfo("gspo", "Zheng et al. 2025, arXiv:2507.18071", "prompts", ("actor",), advantage="group-norm",
+                  policy_loss="gspo", group_samples=True,
+                  defaults={"clipEps": 3e-4, "clipEpsHigh": 4e-4, "lossAggregation": "seq-mean-token-mean"}),
     AlgorithmInfo("reinforce++", "Hu 2025, arXiv:2501.03262", "prompts", ("actor",), advantage="reinforce++"),
     AlgorithmInfo("reinforce++-baseline", "Hu 2025, arXiv:2501.03262", "prompts", ("actor",),
                   advantage="reinforce++-baseline", group_samples=True),

@@ -48,6 +48,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_defaults_policy(args: argparse.Namespace) -> int:
+    from rlhf_api.defaults_policy import render
+
+    sys.stdout.write(render())
+    return 0
+
+
 def cmd_smollm2_model(args: argparse.Namespace) -> int:
     from rlhf_trainer.pretrained import build_smollm2
 
@@ -127,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
+    policy = commands.add_parser("defaults-policy", help="print the MutatingAdmissionPolicy applying the per-algorithm defaults")
+    policy.set_defaults(func=cmd_defaults_policy)
 
     tiny = commands.add_parser(
         "tiny-model", help="write a tiny random Qwen2 model and its tokenizer to DIR (offline; tests, CPU examples)")

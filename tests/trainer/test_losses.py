@@ -7,8 +7,11 @@ import math
 import pytest
 import torch
 
+from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.v1alpha1 import TrainingSpec
 from rlhf_trainer.losses import (
     LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
     aggregate_loss,
     entropy_bonus,
     entropy_from_logits,
@@ -16,6 +19,7 @@ from rlhf_trainer.losses import (
     masked_var,
     masked_whiten,
     pairwise_reward_loss,
+    policy_loss,
     ppo_policy_loss,
     reward_accuracy,
     sft_loss,
@@ -412,3 +416,70 @@ def test_entropy_and_log_probs_match_trl_utils(b, t, v):
     torch.testing.assert_close(
         token_log_probs(logits, labels), selective_log_softmax(logits, labels), atol=ATOL, rtol=0
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# GSPO (Zheng et al. 2025, arXiv 2507.18071): the sequence ratio, by hand and against TRL's
+# importance_sampling_level="sequence" (GRPOTrainer._compute_loss with loss_type grpo)
+# ---------------------------------------------------------------------------------------------
+
+
+def _gspo(log_probs, old, advantages, mask):
+    training = TrainingSpec().with_defaults("gspo")
+    per_token = POLICY_LOSSES[ALGORITHMS["gspo"].policy_loss](log_probs, old, advantages, mask, training)
+    return policy_loss(per_token, log_probs, old, mask, training.loss_aggregation)
+
+
+def test_gspo_loss_is_the_papers_formula_by_hand():
+    """Two responses, clip 3e-4 / 4e-4 and seq-mean-token-mean from the catalogue. Response 1: log
+    ratios +0.1, -0.1, so s_1 = exp(0) = 1 and A_1 = 1 gives -1. Response 2 (its third token padding):
+    log ratios 0.0003, 0.0009, s_2 = exp(0.0006) = 1.00060018 above 1 + 4e-4, so with A_2 = 2 the
+    clipped branch is active: -2 * 1.0004 = -2.0008. Loss (-1 - 2.0008) / 2 = -1.5004. Gradient of
+    response 1's tokens: -A_1 * ds_1/dlogp_t / G = -1 * (s_1 / |y_1|) / 2 = -0.25; response 2's: 0 (clipped)."""
+    new = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -9.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.1, -1.9, 0.0], [-0.5003, -0.7009, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    adv = torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0]], dtype=torch.float64)
+    result = _gspo(new, old, adv, mask)
+    assert result.loss.item() == pytest.approx(-1.5004, abs=1e-9)
+    assert result.clip_fraction.item() == pytest.approx(0.5)  # response 2's two tokens of four
+    result.loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[-0.25, -0.25, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (8, 16)])
+@pytest.mark.parametrize("scale", [1e-4, 0.5])  # log-ratio noise: mostly inside the tiny clip range, far outside
+def test_gspo_matches_trl_sequence_level_importance_sampling(shape, scale, trl_trainer):
+    import types
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    b, t = shape
+    gen = torch.Generator().manual_seed(b * 31 + t)
+    old = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+    new = old + scale * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    adv = torch.randn(b, generator=gen, dtype=torch.float64)
+    mask, _ = make_mask(b, t, gen)
+    new_trl = new.clone().requires_grad_(True)
+    new_ours = new.clone().requires_grad_(True)
+    training = TrainingSpec().with_defaults("gspo")
+    trainer = trl_trainer(
+        GRPOTrainer,
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new_trl, torch.zeros(b, t), None),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="sequence", beta=0.0,
+        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        loss_type="grpo", epsilon_low=training.clip_eps, epsilon_high=training.clip_eps_high, use_vllm=False,
+        vllm_importance_sampling_correction=False, current_gradient_accumulation_steps=1,
+        max_completion_length=t, _entropy_bonus_enabled=False, use_adaptive_entropy=False, entropy_coef=0.0,
+    )
+    trl_loss = trainer._compute_loss(None, {
+        "prompt_ids": torch.ones(b, 2, dtype=torch.long), "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.ones(b, t, dtype=torch.long), "completion_mask": mask.long(), "advantages": adv,
+        "old_per_token_logps": old, "num_items_in_batch": mask.sum().to(torch.float64),
+    })
+    ours = _gspo(new_ours, old, adv[:, None].expand(b, t), mask).loss
+
+    assert abs(ours.item() - trl_loss.item()) < ATOL
+    ours.backward()
+    trl_loss.backward()
+    torch.testing.assert_close(new_ours.grad, new_trl.grad, atol=ATOL, rtol=0)

@@ -97,7 +97,8 @@ class RunLoop(ABC):
     def _model_config(self, role: str, **config: Any) -> ModelConfig:
         _, model = self.spec.models.source(role)
         return ModelConfig(role=role, path=model_path(self.spec.models, role, self.base_dir), model=model,
-                           training=self.training, use_gpu=self.placement.use_gpu, **config)
+                           training=self.training, use_gpu=self.placement.use_gpu, algorithm=self.spec.algorithm,
+                           **config)
 
     @property
     def trained(self) -> ModelGroup:

@@ -1,4 +1,4 @@
-"""The PPO-family loop: ppo, grpo, dr-grpo, reinforce++, reinforce++-baseline and rloo.
+"""The online RL loop: every algorithm of the catalogue (rlhf_api.algorithms) that trains on prompts.
 
 Each step, as in OpenRLHF's PPO trainer:
 
@@ -12,8 +12,8 @@ Each step, as in OpenRLHF's PPO trainer:
    (training.kl.placement) (`_kl`);
 5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
    (`_advantages`); steps 2-5 make up `_make_experience`;
-6. training.epochs shuffled passes of PPO-clip updates over micro-batches, for the actor and (ppo)
-   the critic, at the same time (`_train`; the steps are workers/objectives.py's; each micro-batch
+6. training.epochs shuffled passes over micro-batches, for the actor (the policy loss the catalogue
+   names) and (ppo) the critic, at the same time (`_train`; the steps are workers/objectives.py's; each micro-batch
    carries its optimizer step's token count, which token-mean divides by);
 7. the actor's new weights to every vLLM engine (`_sync_weights`);
 8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps (loop.RunLoop, the

@@ -21,8 +21,8 @@ from .tracking import TrackingSpec
 Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
 ONLINE = cel_list(algorithms.ONLINE)
 # The defaults that follow from spec.algorithm (RLHFJobSpec._algorithm_defaults): a CRD default is a
-# constant, so the API server leaves them unset and the models fill them in.
-ALGORITHM_DEFAULTS = (("training", "lossAggregation"),)
+# constant, so the CRD leaves them unset and the chart's algorithm-defaults policy fills them in.
+ALGORITHM_DEFAULTS = tuple(("training", name) for name in algorithms.TRAINING_DEFAULTS)
 # Kueue's webhook refuses to relabel a RayJob it has admitted, so the queue is chosen once.
 QUEUE_IMMUTABLE = ("spec.queueName cannot be set, changed or removed after creation (Kueue does not move an admitted "
                    "job between queues): delete the RLHFJob and create it again with the new queue")
@@ -122,10 +122,10 @@ class RLHFJobSpec(APIModel):
 
     @model_validator(mode="after")
     def _algorithm_defaults(self) -> RLHFJobSpec:
-        """An unset training.lossAggregation becomes the algorithm's (the catalogue's), so that the
-        trainers, their workers and the trainer's config (`rlhf validate`'s defaults) read one value."""
-        if self.training.loss_aggregation is None:
-            self.training.loss_aggregation = algorithms.ALGORITHMS[self.algorithm].loss_aggregation
+        """The unset training fields the catalogue defaults per algorithm take the algorithm's values, as
+        the API server's algorithm-defaults policy sets them, so that the trainers, their workers and
+        the trainer's config (`rlhf validate`'s defaults) read the values the stored job shows."""
+        self.training = self.training.with_defaults(self.algorithm)
         return self
 
     def code_config_maps(self) -> list[CodeConfigMap]:

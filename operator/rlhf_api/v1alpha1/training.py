@@ -6,12 +6,20 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..algorithms import CATALOGUE, AlgorithmInfo
+from ..algorithms import ALGORITHMS, CATALOGUE, TRAINING_DEFAULTS
 from .base import APIModel, cel, section
 from .shaping import DynamicSamplingSpec, LengthShapingSpec
 
 # Names shared with the trainer's registry (rlhf_trainer.losses.LOSS_AGGREGATIONS; a test checks them).
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def per_algorithm(name: str) -> str:
+    """The description's note on a TRAINING_DEFAULTS field (`kubectl explain` shows it): its value per algorithm."""
+    values = [f"{a.defaults[name]} for {a.name}" for a in CATALOGUE if name in a.defaults]
+    if not values:
+        return f" Unset: {TRAINING_DEFAULTS[name]}."
+    return f" Unset: the algorithm's default ({', '.join(values)}, {TRAINING_DEFAULTS[name]} otherwise)."
 
 
 class RolloutSpec(APIModel):
@@ -97,7 +105,8 @@ class TrainingSpec(APIModel):
 
     model_config = cel(
         ("self.microTrainBatchSize <= self.trainBatchSize", "microTrainBatchSize must not exceed trainBatchSize", ".microTrainBatchSize"),
-        ("self.clipEpsHigh == 0.0 || self.clipEpsHigh >= self.clipEps", "clipEpsHigh must be 0 (same as clipEps) or at least clipEps", ".clipEpsHigh"),
+        # The API server's algorithm-defaults policy sets both before this rule runs (on a cluster without it they may be unset).
+        ("!has(self.clipEps) || !has(self.clipEpsHigh) || self.clipEpsHigh == 0.0 || self.clipEpsHigh >= self.clipEps", "clipEpsHigh must be 0 (same as clipEps) or at least clipEps", ".clipEpsHigh"),
     )
 
     zero_stage: Literal[0, 1, 2, 3] = 3
@@ -134,10 +143,12 @@ class TrainingSpec(APIModel):
     """Stop after this many rollout steps (online) or optimizer steps (offline)."""
     kl: KLSpec = section(KLSpec)
     """KL penalty against the reference model."""
-    clip_eps: float = Field(0.2, gt=0, lt=1)
-    """PPO clip range epsilon (Schulman et al. 2017)."""
-    clip_eps_high: float = Field(0.0, ge=0, lt=10)
-    """Upper clip range when different from clipEps ("clip-higher", DAPO, Yu et al. 2025); 0 uses clipEps."""
+    clip_eps: float | None = Field(None, gt=0, lt=1, description=(
+        "Clip range epsilon of the importance ratio (PPO, Schulman et al. 2017)."
+        + per_algorithm("clipEps")))
+    clip_eps_high: float | None = Field(None, ge=0, lt=10, description=(
+        'Upper clip range when different from clipEps ("clip-higher", DAPO, Yu et al. 2025); 0 uses clipEps.'
+        + per_algorithm("clipEpsHigh")))
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020)."""
     rollout_correction_cap: float | None = Field(None, ge=1)
@@ -155,10 +166,7 @@ class TrainingSpec(APIModel):
             "How token losses become the loss of an optimizer step: token-mean (every valid token of the step weighs "
             "the same, DAPO), seq-mean-token-mean (mean per sequence, then over sequences: GRPO as published), "
             "seq-mean-token-sum (sum per sequence, no length normalisation), seq-mean-token-sum-norm (sum per "
-            "sequence over the constant rollout.maxNewTokens: Dr. GRPO). Unset: the algorithm's default ("
-            + "".join(f"{a.loss_aggregation} for {a.name}, " for a in CATALOGUE
-                      if a.loss_aggregation != AlgorithmInfo.loss_aggregation)
-            + f"{AlgorithmInfo.loss_aggregation} otherwise)."))
+            "sequence over the constant rollout.maxNewTokens: Dr. GRPO)." + per_algorithm("lossAggregation")))
     preference: PreferenceSpec = section(PreferenceSpec)
     """dpo, ipo, cdpo and kto hyperparameters."""
     colocation: Literal["none", "actor-reference", "all"] = "none"
@@ -169,3 +177,9 @@ class TrainingSpec(APIModel):
     """Pack each micro-batch's samples into rows without padding in the language models' forward and backward passes (actor and reference log-probs, the sft, dpo, ipo, cdpo and kto steps; not the critic's or reward model's): position ids restart at each sample and attention stays within it, with every models.*.attnImplementation. false pads every sample to the longest."""
     seed: int = 42
     """Random seed for data order, sampling and initialisation."""
+
+    def with_defaults(self, algorithm: str) -> TrainingSpec:
+        """This section with each unset TRAINING_DEFAULTS field at the algorithm's value (the catalogue's)."""
+        names = {f.alias: name for name, f in type(self).model_fields.items()}
+        unset = {names[k]: v for k, v in ALGORITHMS[algorithm].training_defaults.items() if getattr(self, names[k]) is None}
+        return self.model_copy(update=unset)

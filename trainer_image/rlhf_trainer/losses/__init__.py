@@ -1,4 +1,11 @@
-"""Trainer losses: one module per loss, each citing its paper; masked reductions live in aggregation."""
+"""Trainer losses: one module per loss, each citing its paper; masked reductions live in aggregation.
+
+Every module of this package is imported here, so a new loss module's registrations (e.g.
+``@POLICY_LOSSES.register``) take effect without a line in this file.
+"""
+
+import importlib
+import pkgutil
 
 from .aggregation import (
     LOSS_AGGREGATIONS,
@@ -10,7 +17,14 @@ from .aggregation import (
     masked_whiten,
 )
 from .entropy import entropy_bonus, entropy_from_logits
-from .policy import PolicyLoss, ppo_clip_per_token, ppo_policy_loss
+from .policy import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    clipped_surrogate,
+    policy_loss,
+    ppo_clip_per_token,
+    ppo_policy_loss,
+)
 from .preference import (
     PREFERENCE_LOSSES,
     PreferenceConfig,
@@ -28,6 +42,7 @@ from .value import ValueLoss, value_loss, value_loss_per_token
 
 __all__ = [
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "PolicyLoss",
     "PreferenceConfig",
@@ -38,6 +53,7 @@ __all__ = [
     "ValueLoss",
     "aggregate_loss",
     "cdpo_loss",
+    "clipped_surrogate",
     "dpo_loss",
     "entropy_bonus",
     "entropy_from_logits",
@@ -48,6 +64,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "pairwise_reward_loss",
+    "policy_loss",
     "ppo_clip_per_token",
     "ppo_policy_loss",
     "reward_accuracy",
@@ -57,3 +74,6 @@ __all__ = [
     "value_loss",
     "value_loss_per_token",
 ]
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,14 +1,25 @@
-"""PPO clipped surrogate policy loss, optional dual-clip and asymmetric (clip-higher) bounds."""
+"""The actor's policy losses, one registry (the catalogue names each online algorithm's), and the
+PPO clipped surrogate they build on, with optional dual-clip and asymmetric (clip-higher) bounds.
+
+Every policy loss is ``loss(log_probs, old_log_probs, advantages, action_mask, training)`` with
+[B, T] tensors and the job's TrainingSpec (its knobs), returning per-token ``(loss, clipped,
+dual_clipped)``: `policy_loss` aggregates them by training.lossAggregation.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
+from rlhf_api.v1alpha1 import TrainingSpec
+
 from ..algorithms.kl import LOG_RATIO_BOUND, kl_k3
-from .aggregation import aggregate_loss, masked_mean
+from .aggregation import Registry, aggregate_loss, masked_mean
+
+PerTokenLoss = Callable[[Tensor, Tensor, Tensor, Tensor, TrainingSpec], "tuple[Tensor, Tensor, Tensor]"]
+POLICY_LOSSES: Registry[PerTokenLoss] = Registry("policy loss")
 
 
 class PolicyLoss(NamedTuple):
@@ -22,15 +33,14 @@ class PolicyLoss(NamedTuple):
         return {k: float(v.detach()) for k, v in self._asdict().items()}
 
 
-def ppo_clip_per_token(
-    log_probs: Tensor,
-    old_log_probs: Tensor,
+def clipped_surrogate(
+    log_ratio: Tensor,
     advantages: Tensor,
     clip_eps_low: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token ``-min(rA, clip(r)A)`` (Schulman et al. 2017, arXiv 1707.06347), all tensors [B, T].
+    """Per-token ``-min(rA, clip(r)A)`` with ``r = exp(log_ratio)`` (Schulman et al. 2017, arXiv 1707.06347).
 
     ``clip_eps_high`` (default ``clip_eps_low``) is DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476).
     ``dual_clip = c > 1`` also bounds the loss of negative-advantage tokens by ``-c A`` (Ye et al. 2020,
@@ -41,7 +51,7 @@ def ppo_clip_per_token(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     high = clip_eps_low if clip_eps_high is None else clip_eps_high
-    ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+    ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + high)
     loss = torch.maximum(unclipped, clipped)
@@ -51,6 +61,45 @@ def ppo_clip_per_token(
     bound = -dual_clip * advantages
     is_dual = (advantages < 0) & (loss > bound)
     return torch.where(is_dual, bound, loss), is_clipped, is_dual
+
+
+def ppo_clip_per_token(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`clipped_surrogate` of the token ratio ``pi_theta / pi_old``, all tensors [B, T]."""
+    return clipped_surrogate(log_probs - old_log_probs, advantages, clip_eps_low, clip_eps_high, dual_clip)
+
+
+@POLICY_LOSSES.register("ppo-clip")
+def ppo_clip(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, action_mask: Tensor,
+             training: TrainingSpec) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO-clip on token ratios with training.clipEps, clipEpsHigh (0: clipEps) and dualClip."""
+    return ppo_clip_per_token(log_probs, old_log_probs, advantages, training.clip_eps,
+                              training.clip_eps_high or None, training.dual_clip)
+
+
+def policy_loss(
+    per_token: tuple[Tensor, Tensor, Tensor],
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    action_mask: Tensor,
+    aggregation: str = "token-mean",
+    normalizer: float | None = None,
+) -> PolicyLoss:
+    """A policy loss's per-token ``(loss, clipped, dual_clipped)`` aggregated over ``action_mask``, with its metrics."""
+    loss, is_clipped, is_dual = per_token
+    with torch.no_grad():
+        clip_fraction = masked_mean(is_clipped.to(loss.dtype), action_mask)
+        dual_fraction = masked_mean(is_dual.to(loss.dtype), action_mask)
+        approx_kl = masked_mean(kl_k3(old_log_probs, log_probs), action_mask)
+    return PolicyLoss(
+        aggregate_loss(loss, action_mask, aggregation, normalizer), clip_fraction, dual_fraction, approx_kl
+    )
 
 
 def ppo_policy_loss(
@@ -68,13 +117,5 @@ def ppo_policy_loss(
 
     Inputs are [B, T]: current and rollout-time log-probs of the response tokens and their advantages.
     """
-    loss, is_clipped, is_dual = ppo_clip_per_token(
-        log_probs, old_log_probs, advantages, clip_eps_low, clip_eps_high, dual_clip
-    )
-    with torch.no_grad():
-        clip_fraction = masked_mean(is_clipped.to(loss.dtype), action_mask)
-        dual_fraction = masked_mean(is_dual.to(loss.dtype), action_mask)
-        approx_kl = masked_mean(kl_k3(old_log_probs, log_probs), action_mask)
-    return PolicyLoss(
-        aggregate_loss(loss, action_mask, aggregation, normalizer), clip_fraction, dual_fraction, approx_kl
-    )
+    per_token = ppo_clip_per_token(log_probs, old_log_probs, advantages, clip_eps_low, clip_eps_high, dual_clip)
+    return policy_loss(per_token, log_probs, old_log_probs, action_mask, aggregation, normalizer)

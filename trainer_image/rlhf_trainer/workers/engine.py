@@ -3,7 +3,7 @@ config and learning-rate schedule, loading the Hugging Face model, and the forwa
 training steps (objectives.py) and the worker's scoring share.
 
 Roles:
-- actor: causal LM, trained with the PPO-clip loss; log-probs of response tokens.
+- actor: causal LM, trained with the policy loss the catalogue names for the algorithm; log-probs of response tokens.
 - reference: frozen causal LM; log-probs for the KL penalty.
 - critic: sequence classifier whose score head is read at every token (values), trained with the value loss.
 - reward: frozen sequence classifier scoring whole texts (the reward of a `type: model` source).
@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from rlhf_api.algorithms import AlgorithmInfo
+from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..losses import token_log_probs
@@ -46,12 +46,16 @@ class ModelConfig:
     optimizer_steps: int = 1  # length of the learning-rate schedule
     use_gpu: bool = False
     max_new_tokens: int | None = None  # online: rollout.maxNewTokens, seq-mean-token-sum-norm's constant
+    algorithm: str = "ppo"  # spec.algorithm: its catalogue entry names the actor's policy loss
+
+    def __post_init__(self) -> None:
+        # A job's training section has the algorithm's defaults already (RLHFJobSpec); a bare one gets them here.
+        self.training = self.training.with_defaults(self.algorithm)
 
     @property
-    def loss_aggregation(self) -> str:
-        """training.lossAggregation: a job's is set (RLHFJobSpec fills in the algorithm's); a bare
-        TrainingSpec's unset one is the catalogue's default."""
-        return self.training.loss_aggregation or AlgorithmInfo.loss_aggregation
+    def policy_loss(self) -> str:
+        """The rlhf_trainer.losses.POLICY_LOSSES key the catalogue names for the algorithm."""
+        return ALGORITHMS[self.algorithm].policy_loss
 
 
 def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:

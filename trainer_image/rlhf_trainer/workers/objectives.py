@@ -1,6 +1,7 @@
 """The training steps: each trains one micro-batch on one rank, `step(model, batch, **options) -> metrics`.
 
-- online (trainer.py): `policy_step` (the actor, PPO-clip) and `value_step` (the critic) on
+- online (trainer.py): `policy_step` (the actor, with the policy loss the catalogue names for the
+  algorithm: losses.POLICY_LOSSES) and `value_step` (the critic) on
   experience.Experience micro-batches;
 - offline (offline.py): OFFLINE_STEPS, keyed by offline.Objective.step, on offline_data.OfflineBatch
   micro-batches: sft, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
@@ -19,6 +20,7 @@ from torch import Tensor
 from ..algorithms.kl import compute_kl, kl_in_loss
 from ..experience import Experience
 from ..losses import (
+    POLICY_LOSSES,
     PREFERENCE_LOSSES,
     PreferenceConfig,
     PreferenceInputs,
@@ -28,7 +30,7 @@ from ..losses import (
     masked_mean,
     masked_sum,
     pairwise_reward_loss,
-    ppo_policy_loss,
+    policy_loss,
     reward_accuracy,
     sft_loss,
     token_log_probs,
@@ -72,30 +74,27 @@ def generation_budget(model: Model, exp: Batch) -> float | None:
 
 def aggregation(model: Model, exp: Batch) -> tuple[str, float | None]:
     """training.lossAggregation and its normalizer for this micro-batch (None: the mode needs none)."""
-    mode = model.cfg.loss_aggregation
+    mode = model.cfg.training.loss_aggregation
     normalizer = NORMALIZERS.get(mode)
     return mode, normalizer(model, exp) if normalizer else None
 
 
 def policy_step(model: Model, exp: Experience) -> dict[str, float]:
-    """PPO-clip (with training.kl in the loss when placed there, and the entropy bonus)."""
+    """The algorithm's policy loss (with training.kl in the loss when placed there, and the entropy bonus)."""
     training = model.cfg.training
     mode, normalizer = aggregation(model, exp)
     logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
     log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
-    advantages, correction = exp.advantages, {}
+    per_token = POLICY_LOSSES[model.cfg.policy_loss](
+        log_probs, exp.action_log_probs, exp.advantages, exp.action_mask, training)
+    correction = {}
     if training.rollout_correction_cap is not None:
         tis = truncated_is_weights(exp.action_log_probs, exp.rollout_log_probs, exp.action_mask,
                                    training.rollout_correction_cap)
-        # Weighing a token's advantage by w > 0 weighs its PPO-clip loss by w (and leaves which
-        # branch is clipped unchanged): the TIS-weighted loss of Yao et al. 2025.
-        advantages = advantages * tis.weights
+        token_loss, *flags = per_token  # the TIS-weighted loss of Yao et al. 2025: each token's loss times its weight
+        per_token = (token_loss * tis.weights, *flags)
         correction = {"rollout_correction_clipped_fraction": float(tis.clipped_fraction)}
-    policy = ppo_policy_loss(
-        log_probs, exp.action_log_probs, advantages, exp.action_mask,
-        clip_eps_low=training.clip_eps, clip_eps_high=training.clip_eps_high or None,
-        dual_clip=training.dual_clip, aggregation=mode, normalizer=normalizer,
-    )
+    policy = policy_loss(per_token, log_probs, exp.action_log_probs, exp.action_mask, mode, normalizer)
     loss = policy.loss
     metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
     metrics["policy_loss"] = metrics.pop("loss")
