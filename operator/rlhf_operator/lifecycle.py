@@ -9,7 +9,7 @@ job deactivates its Workload instead (kueue.py). The queue label is set once, at
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rlhf_api import v1alpha1 as api
@@ -21,15 +21,58 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CLUSTER_TTL_MAX_SECONDS = 300
 
 
+# KubeRay writes the RayJob back without its false booleans (Go's omitempty): absent reads as this.
+KUBERAY_OMITTED = {"shutdownAfterJobFinishes": False}
+
+
 def ray_job_fields(spec: api.RLHFJobSpec) -> dict[str, Any]:
     """RayJob spec fields that follow the RLHFJob's mutable fields (None: field absent)."""
+    cluster_ttl = min(spec.ttl_seconds_after_finished or 0, CLUSTER_TTL_MAX_SECONDS)
+    # KubeRay's deletionRules (feature gate RayJobDeletionPolicy, on by default since v1.6) exclude
+    # shutdownAfterJobFinishes and its TTL, and KubeRay refuses to suspend a RayJob without
+    # shutdownAfterJobFinishes: a suspended job goes back to it (one patch with the suspend flag).
+    keep = spec.keep_failed_cluster is not None and not spec.suspend
     return {
         "backoffLimit": spec.backoff_limit,
         # Per attempt in KubeRay; the operator enforces the total across attempts (seconds_until_deadline).
         "activeDeadlineSeconds": spec.active_deadline_seconds,
         "preRunningDeadlineSeconds": spec.startup_deadline_seconds,
-        "ttlSecondsAfterFinished": min(spec.ttl_seconds_after_finished or 0, CLUSTER_TTL_MAX_SECONDS),
+        "shutdownAfterJobFinishes": not keep,
+        "ttlSecondsAfterFinished": 0 if keep else cluster_ttl,
+        "deletionStrategy": _keep_failed_cluster(spec.keep_failed_cluster, cluster_ttl) if keep else None,
     }
+
+
+def _keep_failed_cluster(keep: api.KeepFailedCluster, cluster_ttl: int) -> dict[str, Any]:
+    """A succeeded run's cluster goes as with shutdownAfterJobFinishes; a failed one's after keep.seconds,
+    or never (no rule: the RLHFJob's deletion takes it). KubeRay records every failure as
+    jobDeploymentStatus Failed (a failed Ray job, a failed submission, a deadline)."""
+    rules = [{"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": cluster_ttl}}]
+    if keep.seconds is not None:
+        rules.append({"policy": "DeleteCluster", "condition": {"jobDeploymentStatus": "Failed", "ttlSeconds": keep.seconds}})
+    return {"deletionRules": rules}
+
+
+def kept_cluster(ray_job: dict[str, Any]) -> dict[str, Any] | None:
+    """The Ray cluster a finished RayJob's deletion rules keep ({name, until}; no until: until the RayJob
+    goes), read as KubeRay reads them: the rules whose condition matches its status, the earliest first."""
+    rules = ((ray_job.get("spec") or {}).get("deletionStrategy") or {}).get("deletionRules")
+    status = ray_job.get("status") or {}
+    if not rules or not status.get("rayClusterName"):
+        return None
+    matched = [rule["condition"].get("ttlSeconds", 0) for rule in rules
+               if rule["policy"] in ("DeleteCluster", "DeleteSelf") and _matches(rule["condition"], status)]
+    kept: dict[str, Any] = {"name": status["rayClusterName"]}
+    if matched:
+        ended = parse(status["endTime"]) if status.get("endTime") else now()
+        kept["until"] = timestamp(ended + timedelta(seconds=min(matched)))
+    return kept
+
+
+def _matches(condition: dict[str, Any], status: dict[str, Any]) -> bool:
+    if "jobStatus" in condition:
+        return condition["jobStatus"] == status.get("jobStatus")
+    return condition.get("jobDeploymentStatus") == status.get("jobDeploymentStatus")
 
 
 def initial_suspend(spec: api.RLHFJobSpec) -> bool:
@@ -45,7 +88,8 @@ def wanted_suspend(spec: api.RLHFJobSpec) -> bool | None:
 def ray_job_patch(spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> dict[str, Any] | None:
     """A merge patch that brings an existing RayJob in line with the RLHFJob, or None."""
     current = ray_job.get("spec") or {}
-    changed = {key: value for key, value in ray_job_fields(spec).items() if current.get(key) != value}
+    changed = {key: value for key, value in ray_job_fields(spec).items()
+               if current.get(key, KUBERAY_OMITTED.get(key)) != value}
     suspend = wanted_suspend(spec)
     if suspend is not None and bool(current.get("suspend")) != suspend:
         changed["suspend"] = suspend

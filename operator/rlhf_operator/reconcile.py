@@ -259,7 +259,7 @@ def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Obs
         if problem is None and cluster:
             problem = reads.pod_problem(ray_job["metadata"]["namespace"], cluster)
         return observation.with_pod_problem(problem)
-    return observation
+    return observation.with_kept_cluster(lifecycle.kept_cluster(ray_job))
 
 
 def _age_seconds(meta: dict[str, Any]) -> float:

@@ -352,6 +352,19 @@ def _worker_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
     return affinity or None
 
 
+# Kueue's Topology-Aware Scheduling reads a pod set's wish from these annotations on its pod template.
+TOPOLOGY_ANNOTATIONS = {"Required": "kueue.x-k8s.io/podset-required-topology",
+                        "Preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+
+
+def _worker_metadata(job: api.RLHFJob) -> dict[str, Any]:
+    metadata = names.pod_metadata(job.metadata["name"], "worker")
+    topology = job.spec.resources.topology
+    if topology:
+        metadata["annotations"][TOPOLOGY_ANNOTATIONS[topology.mode]] = topology.level
+    return metadata
+
+
 def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     resources = job.spec.resources
     volumes, mounts = _volumes(job)
@@ -378,7 +391,7 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         "maxReplicas": nodes,
         "rayStartParams": {},
         "template": {
-            "metadata": names.pod_metadata(job.metadata["name"], "worker"),
+            "metadata": _worker_metadata(job),
             "spec": _ray_pod_spec(job, container, volumes, gpu_workers=gpus),
         },
     }
@@ -401,8 +414,6 @@ def ray_job(job: api.RLHFJob) -> dict[str, Any]:
             "entrypoint": ENTRYPOINT,
             # A submitter Job runs `ray job submit` and follows the logs: `kubectl logs job/<rayjob>`.
             "submissionMode": "K8sJobMode",
-            # KubeRay (and Kueue) suspend only RayJobs whose cluster goes when the job finishes.
-            "shutdownAfterJobFinishes": True,
             **{key: value for key, value in lifecycle.ray_job_fields(spec).items() if value is not None},
             "suspend": lifecycle.initial_suspend(spec),
             "submitterPodTemplate": _submitter(job),

@@ -60,7 +60,7 @@ TRUE_CONDITIONS = {
 # The status fields the operator writes; everything else in status belongs to the trainer.
 OWNED_FIELDS = (
     "phase", "reason", "message", "conditions", "observedGeneration", "rayJobName", "rayClusterName",
-    "dashboardURL", "startTime", "completionTime",
+    "dashboardURL", "startTime", "completionTime", "keptCluster",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 EVENT_MESSAGE_LIMIT = 1024  # the Events API refuses longer messages
@@ -83,6 +83,7 @@ class Observation:
     started_at: str | None = None  # KubeRay's startTime: when it began to bring up the cluster
     finished_at: str | None = None  # KubeRay's endTime
     warning: bool = False  # its Event is a Warning: something a human has to look at
+    kept_cluster: dict[str, Any] | None = None  # status.keptCluster: a failed run's cluster kept for debugging
 
     def with_pod_problem(self, problem: tuple[str, str] | None) -> Observation:
         """While the cluster starts, a pod's reason for not running (e.g. Unschedulable) is the job's."""
@@ -93,6 +94,16 @@ class Observation:
     def with_queue_reason(self, waiting: tuple[str, str] | None) -> Observation:
         """While queued, Kueue's reason for not admitting the job (e.g. insufficient quota) in the message."""
         return self if waiting is None else replace(self, message=f"{self.message}: {waiting[1]} ({waiting[0]})")
+
+
+    def with_kept_cluster(self, kept: dict[str, Any] | None) -> Observation:
+        """A failed run whose cluster stays (spec.keepFailedCluster): which, until when, and how to reach it."""
+        if kept is None or self.phase != "Failed":
+            return self
+        until = f"until {kept['until']}" if "until" in kept else "until the RLHFJob is deleted"
+        return replace(self, kept_cluster=kept, message=(
+            f"{self.message}. Ray cluster {kept['name']} is kept for debugging {until} (spec.keepFailedCluster): "
+            "its dashboard (status.dashboardURL) and its pods' logs stay"))
 
 
 @dataclass(frozen=True)
@@ -238,6 +249,7 @@ def next_status(current: dict[str, Any], obs: Observation, now: str, generation:
         "dashboardURL": obs.dashboard_url,
         "startTime": started,
         "completionTime": completed,
+        "keptCluster": obs.kept_cluster,
     }
 
 

@@ -48,6 +48,26 @@ def test_changed_deadline_backoff_and_ttl_are_patched():
     assert lifecycle.ray_job_patch(as_job(tiny()).spec, with_deadline) == {"spec": {"activeDeadlineSeconds": None}}
 
 
+def test_suspending_a_job_that_keeps_its_cluster_restores_shutdown_in_the_same_patch():
+    keeping = as_job(tiny(keepFailedCluster={"seconds": 60}))
+    running = render.ray_job(keeping)
+    del running["spec"]["shutdownAfterJobFinishes"]  # KubeRay writes a false boolean back as absent
+    assert lifecycle.ray_job_patch(keeping.spec, running) is None
+    assert lifecycle.ray_job_patch(as_job(tiny(keepFailedCluster={"seconds": 60}, suspend=True)).spec, running) == {
+        "spec": {"shutdownAfterJobFinishes": True, "deletionStrategy": None, "suspend": True}}
+
+
+def test_the_kept_cluster_and_its_deadline_are_read_from_the_matching_deletion_rule():
+    ray_job = render.ray_job(as_job(tiny(keepFailedCluster={"seconds": 600})))
+    ray_job["status"] = {"rayClusterName": "tiny-x", "jobDeploymentStatus": "Failed", "jobStatus": "FAILED",
+                         "endTime": "2026-11-22T12:00:00Z"}
+    assert lifecycle.kept_cluster(ray_job) == {"name": "tiny-x", "until": "2026-11-22T12:10:00Z"}
+    forever = render.ray_job(as_job(tiny(keepFailedCluster={})))
+    forever["status"] = ray_job["status"]
+    assert lifecycle.kept_cluster(forever) == {"name": "tiny-x"}
+    assert lifecycle.kept_cluster({**render.ray_job(as_job(tiny())), "status": ray_job["status"]}) is None
+
+
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
 

@@ -119,6 +119,31 @@ def test_queued_job_is_created_suspended_with_the_kueue_label():
     assert "kueue.x-k8s.io/queue-name" not in render.ray_job(as_job(tiny()))["metadata"]["labels"]
 
 
+@pytest.mark.parametrize("mode, annotation", [("Required", "kueue.x-k8s.io/podset-required-topology"),
+                                              ("Preferred", "kueue.x-k8s.io/podset-preferred-topology")])
+def test_topology_is_kueue_s_annotation_on_the_worker_pods_only(mode: str, annotation: str):
+    ray_job = render.ray_job(as_job(tiny(queueName="team-a", resources={
+        "topology": {"level": "cloud.example.com/rack", "mode": mode}})))
+    head, worker = head_and_worker(ray_job)
+    assert worker["template"]["metadata"]["annotations"][annotation] == "cloud.example.com/rack"
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in head["template"]["metadata"]["annotations"])
+
+
+def test_keeping_a_failed_cluster_is_kuberay_s_deletion_rules_unless_suspended():
+    spec = render.ray_job(as_job(tiny(keepFailedCluster={"seconds": 600}, ttlSecondsAfterFinished=60)))["spec"]
+    # deletionRules exclude shutdownAfterJobFinishes and its TTL (KubeRay's validation)
+    assert (spec["shutdownAfterJobFinishes"], spec["ttlSecondsAfterFinished"]) == (False, 0)
+    assert spec["deletionStrategy"]["deletionRules"] == [
+        {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 60}},
+        {"policy": "DeleteCluster", "condition": {"jobDeploymentStatus": "Failed", "ttlSeconds": 600}}]
+    forever = render.ray_job(as_job(tiny(keepFailedCluster={})))["spec"]
+    assert [rule["condition"] for rule in forever["deletionStrategy"]["deletionRules"]] == [
+        {"jobStatus": "SUCCEEDED", "ttlSeconds": 0}]
+    # KubeRay refuses to suspend a RayJob without shutdownAfterJobFinishes
+    suspended = render.ray_job(as_job(tiny(keepFailedCluster={}, suspend=True)))["spec"]
+    assert suspended["shutdownAfterJobFinishes"] is True and "deletionStrategy" not in suspended
+
+
 def test_head_is_a_cpu_node_running_the_trainer_as_the_job_service_account():
     head, worker = head_and_worker(render.ray_job(as_job(load_example("ppo-job.yaml"))))
     # The driver only: every model group and engine goes to the workers, whose CPUs and GPUs KubeRay

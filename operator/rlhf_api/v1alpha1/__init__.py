@@ -15,9 +15,9 @@ from .shaping import DynamicSamplingSpec, LengthShapingSpec
 from .environment import EnvironmentClass, EnvironmentHTTP, EnvironmentSpec
 from .evaluation import EvalDataset, EvaluationSpec
 from .training import KLSpec, PreferenceSpec, RolloutSpec, TrainingSpec
-from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs
+from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
-from .job import Algorithm, CheckpointStatus, Condition, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
+from .job import Algorithm, CheckpointStatus, Condition, KeepFailedCluster, KeptCluster, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
 
 __all__ = [
     "APIModel",
@@ -61,12 +61,15 @@ __all__ = [
     "RDMASpec",
     "ResourcesSpec",
     "RoleGPUs",
+    "TopologySpec",
     "MLflowSpec",
     "TrackingSpec",
     "WandbSpec",
     "Algorithm",
     "CheckpointStatus",
     "Condition",
+    "KeepFailedCluster",
+    "KeptCluster",
     "Metrics",
     "Phase",
     "Progress",

@@ -26,8 +26,17 @@ ALGORITHM_DEFAULTS = tuple(("training", name) for name in algorithms.TRAINING_DE
 # Kueue's webhook refuses to relabel a RayJob it has admitted, so the queue is chosen once.
 QUEUE_IMMUTABLE = ("spec.queueName cannot be set, changed or removed after creation (Kueue does not move an admitted "
                    "job between queues): delete the RLHFJob and create it again with the new queue")
+# Kueue's webhook refuses a queued RayJob whose cluster outlives the run (shutdownAfterJobFinishes false), and Kueue
+# frees a finished job's quota at once: a kept cluster would hold GPUs the queue hands to the next job.
+KEEP_QUEUED = ("a queued job's cluster cannot be kept: Kueue frees a finished job's quota at once and refuses a RayJob "
+               "that keeps its cluster; remove spec.keepFailedCluster or spec.queueName")
 
 
+class KeepFailedCluster(APIModel):
+    """Keep the Ray cluster of a failed run for debugging: its dashboard, its logs, `kubectl exec` into its pods."""
+
+    seconds: int | None = Field(None, ge=1, le=2**31 - 1)
+    """How long after the failure KubeRay deletes it; unset: it stays until the RLHFJob is deleted (its ttlSecondsAfterFinished included)."""
 
 
 class CodeConfigMap(NamedTuple):
@@ -80,6 +89,10 @@ class RLHFJobSpec(APIModel):
         ("has(self.environment) == has(oldSelf.environment) && has(self.evaluation) == has(oldSelf.evaluation)",
          "spec.environment and spec.evaluation define the run and are immutable; create a new RLHFJob instead"),
         ("has(self.queueName) == has(oldSelf.queueName)", QUEUE_IMMUTABLE, ".queueName"),
+        ("!has(self.resources.topology) || has(self.queueName)",
+         "resources.topology is carried out by Kueue's Topology-Aware Scheduling: set spec.queueName to a LocalQueue whose "
+         "ClusterQueue has a ResourceFlavor with a topologyName, or remove resources.topology", ".resources.topology"),
+        ("!has(self.keepFailedCluster) || !has(self.queueName)", KEEP_QUEUED, ".keepFailedCluster"),
     )
 
     algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(
@@ -113,6 +126,8 @@ class RLHFJobSpec(APIModel):
     """Fail the job when it has run longer than this since it first started, across every retry (KubeRay restarts its own deadline with each attempt; the operator enforces the total)."""
     startup_deadline_seconds: int | None = Field(None, ge=1)
     """Fail an attempt whose Ray cluster and training job are not running this long after KubeRay began to start it (pods unschedulable, images not pulled...; KubeRay's preRunningDeadlineSeconds). Unset: wait, with the reason in status."""
+    keep_failed_cluster: KeepFailedCluster | None = None
+    """Keep the Ray cluster (and its GPUs) after the run fails, instead of deleting it, for debugging; status.keptCluster says which and until when. Not with spec.queueName. A successful run's cluster goes as usual."""
     backoff_limit: int = Field(0, ge=0, le=100)
     """Retries of the whole run after a failure (each resumes from the newest checkpoint)."""
     # A LocalQueue's name, and the RayJob carries it as the label kueue.x-k8s.io/queue-name: a label value.
@@ -220,6 +235,15 @@ class CheckpointStatus(APIModel):
     """When it was written."""
 
 
+class KeptCluster(APIModel):
+    """The Ray cluster of a failed run, kept for debugging (spec.keepFailedCluster)."""
+
+    name: str
+    """The RayCluster."""
+    until: DateTime | None = None
+    """When KubeRay deletes it; unset: when the RLHFJob is deleted."""
+
+
 class RLHFJobStatus(APIModel):
     """Observed state, written by the operator (phase, conditions, children) and the trainer (progress, metrics)."""
 
@@ -250,6 +274,8 @@ class RLHFJobStatus(APIModel):
     """Latest metrics."""
     last_checkpoint: CheckpointStatus | None = None
     """Newest checkpoint."""
+    kept_cluster: KeptCluster | None = None
+    """The failed run's Ray cluster, kept for debugging (spec.keepFailedCluster)."""
 
 
 class RLHFJob(APIModel):

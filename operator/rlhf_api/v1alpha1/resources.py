@@ -78,6 +78,19 @@ class RoleGPUs(APIModel):
     """GPUs of the reward-model group."""
 
 
+# A node label's name (Kubernetes' qualified name, optionally prefixed): a Kueue Topology's levels are node labels.
+LABEL_NAME = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+class TopologySpec(APIModel):
+    """Topology-aware placement of the GPU workers by Kueue (its Topology-Aware Scheduling): all of them within one domain of a topology level, such as one rack or one NVLink block."""
+
+    level: str = Field(max_length=316, pattern=LABEL_NAME)
+    """The level: the node label of one of the levels of the Kueue Topology named by the queue's ResourceFlavor (topologyName), e.g. cloud.provider.com/topology-rack."""
+    mode: Literal["Required", "Preferred"] = "Required"
+    """Required: the job stays queued until its workers fit within one domain of that level. Preferred: Kueue tries that level, then the levels above it, and else admits the workers spread over several domains."""
+
+
 class ResourcesSpec(APIModel):
     """Where and on what the job runs: the Ray cluster's pods."""
 
@@ -122,6 +135,8 @@ class ResourcesSpec(APIModel):
     """Environment from ConfigMaps or Secrets (core/v1 EnvFromSource), by reference."""
     priority_class_name: ObjectName | None = None
     """PriorityClass of the pods."""
+    topology: TopologySpec | None = None
+    """Place the GPU workers within one topology domain (Kueue's Topology-Aware Scheduling; needs spec.queueName)."""
 
 
 # ------------------------------------------------------------------------------------- checkpoint
