@@ -21,6 +21,7 @@ MANAGED_BY = "rlhf-operator"
 JOB_LABEL = "rlhf.dev/job"
 JOB_ANNOTATION = "rlhf.dev/job-name"  # on pod templates: the full name (the label may be shortened)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # a GPU node's product, as GPU feature discovery labels it
 
 
 def _hash(name: str) -> str:

@@ -17,7 +17,8 @@ from .evaluation import EvalDataset, EvaluationSpec
 from .training import KLSpec, PreferenceSpec, RolloutSpec, TrainingSpec
 from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
-from .job import Algorithm, CheckpointStatus, Condition, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
+from .job import (Algorithm, AttemptUsage, CheckpointStatus, Condition, Metrics, Phase, PodUsage, Progress, RLHFJob,
+                  RLHFJobSpec, RLHFJobStatus, Usage)
 
 __all__ = [
     "APIModel",
@@ -73,4 +74,7 @@ __all__ = [
     "RLHFJob",
     "RLHFJobSpec",
     "RLHFJobStatus",
+    "PodUsage",
+    "AttemptUsage",
+    "Usage",
 ]
