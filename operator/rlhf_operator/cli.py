@@ -179,6 +179,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance)")
     run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
     run.set_defaults(func=cmd_run)
+
+    from .view import register
+
+    register(commands)
     return root
 
 
