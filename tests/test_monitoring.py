@@ -153,7 +153,8 @@ def exposed() -> dict[str, set[str]]:
     trainer step and checkpoint behind them."""
     operator_port, trainer_port = free_port(), free_port()
     metrics.serve(operator_port)
-    metrics.JOBS.seen("uid-monitoring-test", "ml", "grpo", {"phase": "Running", "reason": "Training"})
+    metrics.JOBS.seen("uid-monitoring-test", "ml", "grpo", {"phase": "Running", "reason": "Training",
+                                                          "usage": {"gpuSeconds": 7200, "cpuSeconds": 900.5}})
     with metrics.measured("monitoring-test"):
         pass
     with pytest.raises(kopf.PermanentError), metrics.measured("monitoring-test"):

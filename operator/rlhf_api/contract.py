@@ -35,6 +35,8 @@ METRICS_PORT_NAME = "metrics"
 # The labels naming the RLHFJob on every per-job series, the trainer's and the operator's, so alerts
 # join the two (not `namespace`: Prometheus sets that to the scraped pod's own).
 METRIC_JOB_LABELS = ("rlhf_job", "rlhf_namespace")
+# Under checkpoint.path: metrics.jsonl, tensorboard/ and the trackers' local files (`rlhf tensorboard` reads them).
+LOGS_DIR = "logs"
 # spec.tracking's credentials, set from their Secrets by reference under the names the W&B and
 # MLflow clients read themselves (the trainer never handles the values).
 WANDB_API_KEY_ENV = "WANDB_API_KEY"

@@ -22,6 +22,8 @@ PRINTER_COLUMNS = [
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary", "description": "steps done / planned"},
     {"name": "Reward", "type": "number", "format": "float", "jsonPath": ".status.metrics.rewardMean"},
     {"name": "KL", "type": "number", "format": "float", "jsonPath": ".status.metrics.kl", "priority": 1},
+    {"name": "GPU-Hours", "type": "number", "format": "float", "jsonPath": ".status.usage.gpuHours",
+     "description": "GPU-hours held by the job's pods so far"},
     {"name": "Ray Job", "type": "string", "jsonPath": ".status.rayJobName", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

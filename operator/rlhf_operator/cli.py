@@ -96,7 +96,8 @@ def operator_options(args: argparse.Namespace):
         timing = Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                         args.leader_elect_retry_period)
         elector = Elector(namespace, args.leader_elect_resource_name, timing=timing)
-    return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector, args.resync_seconds)
+    return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector, args.resync_seconds,
+                   dict(args.gpu_hour_price))
 
 
 def _own_namespace() -> str | None:
@@ -112,6 +113,16 @@ def _positive_seconds(text: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a positive number of seconds")
     return seconds
+
+
+def _price(text: str) -> tuple[str, float]:
+    product, _, price = text.rpartition("=")
+    try:
+        if product and float(price) >= 0:
+            return product, float(price)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text}: expected PRODUCT=PRICE, e.g. NVIDIA-H100-80GB-HBM3=2.5")
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -167,6 +178,9 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument("--verbose", action="store_true", help="log every handler run")
     operator.add_argument("--resync-seconds", type=_positive_seconds, default=120.0, metavar="SECONDS",
                           help="reconcile every unfinished job again this often, whatever its events (%(default)s)")
+    operator.add_argument("--gpu-hour-price", type=_price, action="append", default=[], metavar="PRODUCT=PRICE",
+                          help="price of one GPU-hour on nodes labelled nvidia.com/gpu.product=PRODUCT (repeatable): "
+                               "job status then estimates each run's cost (status.usage.estimatedCost)")
     timing = Timing()
     election = operator.add_argument_group(
         "leader election", "with --leader-elect, replicas share a coordination.k8s.io Lease and only its holder "
@@ -192,6 +206,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance)")
     run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
     run.set_defaults(func=cmd_run)
+
+    from .view import register
+
+    register(commands)
     return root
 
 

@@ -9,6 +9,7 @@
 - Finished RLHFJob with ttlSecondsAfterFinished: a daemon deletes it when the TTL runs out.
 - Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
+- Every event of a pod of our Ray clusters: its running time in the job's status.usage (usage.py).
 - Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once).
 
 Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
@@ -28,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from . import lifecycle, metrics, pods, reconcile, resync
+from . import lifecycle, metrics, pods, reconcile, resync, usage
 from . import settings as operator_settings
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
@@ -89,6 +90,7 @@ def _newest(values: Any) -> dict[str, Any] | None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_job(body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("reconcile"):
+        usage.settle(body)  # finished jobs too: at startup, the pods that went while no operator ran
         reconcile.reconcile(body, Watched(kwargs))
 
 
@@ -127,6 +129,12 @@ def follow_ray_job(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
 def follow_stuck_pod(body: kopf.Body, **kwargs: Any) -> None:
     with metrics.measured("pod-event"):
         reconcile.on_stuck_pod(body, Watched(kwargs))
+
+
+@kopf.on.event("", "v1", "pods", labels={JOB_LABEL: kopf.PRESENT, pods.CLUSTER_LABEL: kopf.PRESENT})
+def count_pod_usage(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    with metrics.measured("pod-usage"):
+        usage.on_pod_event(type, body, Watched(kwargs).job(body["metadata"]["namespace"], reconcile.job_of_pod(body)))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -25,7 +25,8 @@ RESOURCES = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayJob": ("/apis/ray.io/v1", "rayjobs"),
-    "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up
+    "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up, which pods still exist (usage)
+    "Node": ("/api/v1", "nodes"),  # read only, cluster-scoped (namespace ""): a GPU's product for usage prices
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),  # read only: can every pod mount it
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),  # leader election among replicas  # Kueue's admission unit of a queued RayJob
@@ -65,7 +66,7 @@ class Kube:
     @staticmethod
     def _path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         prefix, plural = RESOURCES[kind]
-        return "/".join(part for part in (prefix, "namespaces", namespace, plural, name, subresource) if part)
+        return "/".join(part for part in (prefix, namespace and "namespaces", namespace, plural, name, subresource) if part)
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

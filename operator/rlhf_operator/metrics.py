@@ -1,5 +1,5 @@
-"""The operator's Prometheus metrics: jobs by phase, each job's phase and since when, reconcile durations,
-errors by kind."""
+"""The operator's Prometheus metrics: jobs by phase, each job's phase and since when, the GPU- and
+CPU-seconds its pods held (status.usage), reconcile durations, errors by kind."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rlhf_api import contract
@@ -22,6 +22,8 @@ from rlhf_api import contract
 PHASES = ("Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
 JOB_PHASE = "rlhf_job_phase"
 JOB_PHASE_ENTERED = "rlhf_job_phase_entered_timestamp_seconds"
+JOB_GPU_SECONDS = "rlhf_job_gpu_seconds"  # a counter: exposed as rlhf_job_gpu_seconds_total
+JOB_CPU_SECONDS = "rlhf_job_cpu_seconds"
 
 RECONCILE_SECONDS = Histogram(
     "rlhf_operator_reconcile_duration_seconds", "Time spent in one handler run, by handler.", ["handler"],
@@ -40,11 +42,14 @@ class JobState:
     phase: str
     reason: str
     entered: float  # Unix time the job entered this phase
+    gpu_seconds: float  # status.usage: kept in status, so the counters survive an operator restart
+    cpu_seconds: float
 
 
 class JobsByPhase(Collector):
     """Counted at scrape time from the status of every RLHFJob seen: rlhf_operator_jobs{phase}, and
-    per job its phase and reason and when it entered that phase (what the stuck-job alerts measure)."""
+    per job its phase and reason and when it entered that phase (what the stuck-job alerts measure),
+    and the GPU- and CPU-seconds its pods held."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, JobState] = {}  # uid -> state
@@ -55,7 +60,9 @@ class JobsByPhase(Collector):
         with self._lock:
             old = self._jobs.get(uid)
             entered = old.entered if old and old.phase == phase else phase_entered(phase, status)
-            self._jobs[uid] = JobState(namespace, name, phase, status.get("reason") or "", entered)
+            usage = status.get("usage") or {}
+            self._jobs[uid] = JobState(namespace, name, phase, status.get("reason") or "", entered,
+                                       usage.get("gpuSeconds") or 0, usage.get("cpuSeconds") or 0)
 
     def gone(self, uid: str) -> None:
         with self._lock:
@@ -74,11 +81,16 @@ class JobsByPhase(Collector):
                                     labels=[*contract.METRIC_JOB_LABELS, "phase", "reason"])
         entered = GaugeMetricFamily(JOB_PHASE_ENTERED, "Unix time each RLHFJob entered its current phase.",
                                     labels=[*contract.METRIC_JOB_LABELS, "phase"])
+        gpu = CounterMetricFamily(JOB_GPU_SECONDS, "GPU-seconds the RLHFJob's pods held, every attempt (status.usage).",
+                                  labels=contract.METRIC_JOB_LABELS)
+        cpu = CounterMetricFamily(JOB_CPU_SECONDS, "CPU-core-seconds the RLHFJob's pods held, every attempt.",
+                                  labels=contract.METRIC_JOB_LABELS)
         for job in jobs:
             current.add_metric([job.name, job.namespace, job.phase, job.reason], 1)
             entered.add_metric([job.name, job.namespace, job.phase], job.entered)
-        yield current
-        yield entered
+            gpu.add_metric([job.name, job.namespace], job.gpu_seconds)
+            cpu.add_metric([job.name, job.namespace], job.cpu_seconds)
+        yield from (current, entered, gpu, cpu)
 
 
 def phase_entered(phase: str, status: Mapping[str, Any]) -> float:

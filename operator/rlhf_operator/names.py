@@ -19,8 +19,10 @@ HASH_LENGTH = 8
 
 MANAGED_BY = "rlhf-operator"
 JOB_LABEL = "rlhf.dev/job"
+ROLE_LABEL = "rlhf.dev/role"  # on pods: head, worker or submitter
 JOB_ANNOTATION = "rlhf.dev/job-name"  # on pod templates: the full name (the label may be shortened)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # a GPU node's product, as GPU feature discovery labels it
 
 
 def _hash(name: str) -> str:
@@ -63,7 +65,7 @@ def label_value(job_name: str) -> str:
 
 def pod_metadata(job_name: str, role: str) -> dict[str, dict[str, str]]:
     """Metadata of a Ray pod template: the job's labels, the pod's role, and the job's full name."""
-    return {"labels": {**labels(job_name), "rlhf.dev/role": role}, "annotations": {JOB_ANNOTATION: job_name}}
+    return {"labels": {**labels(job_name), ROLE_LABEL: role}, "annotations": {JOB_ANNOTATION: job_name}}
 
 
 def labels(job_name: str) -> dict[str, str]:

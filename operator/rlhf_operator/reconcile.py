@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from rlhf_api import v1alpha1 as api
 from rlhf_api.validation import InvalidJob, validate
 
-from . import checks, kube, kueue, lifecycle, names, pods, render, status
+from . import checks, kube, kueue, lifecycle, names, pods, render, status, usage
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,7 @@ def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
     body = API.job(namespace, name)
     if body is None or body["metadata"]["uid"] != uid:
         return False
+    usage.settle(body)
     reconcile(body, reads)
     return True
 

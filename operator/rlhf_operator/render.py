@@ -329,7 +329,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
 def _gpu_node_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
     if resources.gpus_per_node == 0 or not resources.gpu_product:
         return None
-    return {"key": "nvidia.com/gpu.product", "operator": "In", "values": [resources.gpu_product]}
+    return {"key": names.GPU_PRODUCT_LABEL, "operator": "In", "values": [resources.gpu_product]}
 
 
 def _worker_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import metrics, reconcile
+from . import metrics, reconcile, usage
 from .status import finished
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,9 @@ _task: asyncio.Task | None = None
 
 
 def due(body: dict[str, Any]) -> bool:
-    """Unfinished and not being deleted."""
-    return not body["metadata"].get("deletionTimestamp") and not finished(body.get("status"))
+    """Unfinished, or with pods counted as running (usage.settle), and not being deleted."""
+    return not body["metadata"].get("deletionTimestamp") and (
+        not finished(body.get("status")) or usage.running(body.get("status")))
 
 
 async def forever(period: float, reads: Any, clock: Callable[[], float] = time.monotonic) -> None:

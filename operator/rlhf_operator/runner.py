@@ -32,12 +32,14 @@ class Options:
     verbose: bool
     elector: Elector | None  # None: no leader election (one replica)
     resync_seconds: float  # every unfinished job reconciled again this often (resync.py)
+    gpu_hour_prices: dict[str, float]  # GPU product -> price of a GPU-hour (usage.py)
 
 
 def run(options: Options) -> int:
     """Returns when the operator stops: 0 on SIGTERM, LOST_LEASE_EXIT_CODE when it lost its Lease."""
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers, usage  # noqa: F401  (registers the handlers)
 
+    usage.PRICES.update(options.gpu_hour_prices)
     kopf.configure(verbose=options.verbose)
     return asyncio.run(_serve(options))
 

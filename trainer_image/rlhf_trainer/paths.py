@@ -43,7 +43,7 @@ def model_path(models: ModelsSpec, role: str, base_dir: Path) -> str:
     return resolve(model.path, base_dir)
 
 
-LOGS = "logs"  # metrics.jsonl, tensorboard/ and the trackers' local files, inside the checkpoint directory
+LOGS = contract.LOGS_DIR  # metrics.jsonl, tensorboard/ and the trackers' local files, inside the checkpoint directory
 
 
 def checkpoint_dir(spec: RLHFJobSpec, output_dir: Path) -> Path:

@@ -17,7 +17,8 @@ from .evaluation import EvalDataset, EvaluationSpec
 from .training import KLSpec, PreferenceSpec, RolloutSpec, TrainingSpec
 from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
-from .job import Algorithm, CheckpointStatus, Condition, KeepFailedCluster, KeptCluster, Metrics, Phase, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus
+from .job import (Algorithm, AttemptUsage, CheckpointStatus, Condition, KeepFailedCluster, KeptCluster, Metrics, Phase,
+                  PodUsage, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus, Usage)
 
 __all__ = [
     "APIModel",
@@ -76,4 +77,7 @@ __all__ = [
     "RLHFJob",
     "RLHFJobSpec",
     "RLHFJobStatus",
+    "PodUsage",
+    "AttemptUsage",
+    "Usage",
 ]

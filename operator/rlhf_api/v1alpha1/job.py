@@ -244,6 +244,55 @@ class KeptCluster(APIModel):
     """When KubeRay deletes it; unset: when the RLHFJob is deleted."""
 
 
+class PodUsage(APIModel):
+    """What one pod of the job's Ray clusters held, and from when to when."""
+
+    name: str
+    """The pod's name."""
+    gpus: int = 0
+    """GPUs it requested (of spec.resources.gpuResourceName), as the scheduler counts a pod's requests."""
+    cpus: float = 0.0
+    """CPU cores it requested, counted alike."""
+    gpu_product: str | None = None
+    """Its node's nvidia.com/gpu.product label (read when the operator has GPU-hour prices)."""
+    start_time: DateTime
+    """The pod's status.startTime."""
+    end_time: DateTime | None = None
+    """When it stopped holding them: its containers' last finish, else its deletion; unset while it runs."""
+
+
+class AttemptUsage(APIModel):
+    """The usage of one attempt (one Ray cluster)."""
+
+    ray_cluster_name: str
+    """The attempt's Ray cluster."""
+    gpu_seconds: int = 0
+    """Sum over its pods of running seconds times GPUs."""
+    cpu_seconds: float = 0.0
+    """Sum over its pods of running seconds times CPU cores."""
+    estimated_cost: float | None = None
+    """GPU-hours times the operator's price for each pod's GPU product (unset without prices)."""
+    pods: list[PodUsage] = Field(default_factory=list)
+    """Its pods, as the operator saw them start and stop."""
+
+
+class Usage(APIModel):
+    """What the job's pods held, written by the operator from the pods it watches; running pods are counted up to countedUntil."""
+
+    gpu_seconds: int = 0
+    """GPU-seconds of every attempt."""
+    cpu_seconds: float = 0.0
+    """CPU-core-seconds of every attempt."""
+    gpu_hours: float = 0.0
+    """gpuSeconds / 3600, rounded to 0.01 (kubectl get)."""
+    estimated_cost: float | None = None
+    """Sum of the attempts' estimated costs (unset without prices)."""
+    counted_until: DateTime | None = None
+    """When the running pods were last counted up to."""
+    attempts: list[AttemptUsage] = Field(default_factory=list)
+    """Per attempt, oldest first."""
+
+
 class RLHFJobStatus(APIModel):
     """Observed state, written by the operator (phase, conditions, children) and the trainer (progress, metrics)."""
 
@@ -276,6 +325,8 @@ class RLHFJobStatus(APIModel):
     """Newest checkpoint."""
     kept_cluster: KeptCluster | None = None
     """The failed run's Ray cluster, kept for debugging (spec.keepFailedCluster)."""
+    usage: Usage | None = None
+    """GPU- and CPU-seconds held by the job's Ray cluster pods, per attempt and in total (written by the operator)."""
 
 
 class RLHFJob(APIModel):
