@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .distributed import backend, join_store
-from .transfer_plan import BROADCAST, HANDLES, Route, bucket_ranges, plan_transfer
+from .transfer_plan import HANDLES, Route, broadcast_bundles, bucket_ranges, plan_transfer
 
 # Every member waits at most this long for the others, at the rendezvous and in each broadcast.
 # Both sides are idle before they start (see _wait_until_idle), so minutes are plenty, and a
@@ -92,8 +92,8 @@ class Handles:
     store (key <n>, n counting the buckets of this sync), the worker opens it and answers
     <n>/taken. torch.multiprocessing.reductions.reduce_tensor makes the handle: CUDA IPC for a
     GPU tensor, a file in /dev/shm for a CPU one; the worker's opened tensor keeps the memory alive
-    after the sender drops it. The sender keeps at most two buckets unopened, so a slow worker
-    bounds its memory."""
+    after the sender drops it. The sender holds at most AHEAD buckets the worker has not yet
+    confirmed, so a slow worker bounds its memory."""
 
     AHEAD = 2
 
@@ -165,7 +165,7 @@ def setup_weight_sync(actor_group, engines: list, placement, bucket_bytes: int) 
     0, form the broadcast group (when a worker receives by broadcast) and the handle channels."""
     _wait_until_idle(engines)
     routes = plan_transfer(placement.ranks, placement.engine_width)
-    world_size = 1 + sum(route.via == BROADCAST for route in routes)
+    world_size = len(broadcast_bundles(placement.ranks, routes))
     sender = actor_group.workers[0]
     master_addr, master_port = ray.get(sender.open_weight_sync.remote(world_size))
     receivers = [engine.init_weight_sync.remote(master_addr, master_port, world_size,
