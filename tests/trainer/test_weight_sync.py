@@ -7,6 +7,8 @@ rank on their bundle."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -17,8 +19,8 @@ from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES
-from rlhf_trainer.workers.weight_sync import setup_weight_sync, sync_weights
+from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, Route
+from rlhf_trainer.workers.weight_sync import Handles, setup_weight_sync, sync_weights
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -81,6 +83,23 @@ def _update(actor: ModelGroup, tokenizer, prompt_ids: list[list[int]], outputs: 
     )
     ray.get(actor.train(experience, train_batch_size=4, micro_batch_size=2, epochs=1,
                         generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_handle_carries_the_tensors_shared_memory_not_its_bytes():
+    """The colocated route on CPU: what travels through the store is a reference to the sender's
+    shared memory (a few hundred bytes for a 4 MB bucket), and it opens as the sent values."""
+    from torch.distributed import HashStore
+
+    route = Route(engine=0, worker=0, bundle=0, sender=0, via=HANDLES)
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=30))  # a key never set fails the test soon
+    sender, receiver = Handles(store, route, torch.device("cpu")), Handles(store, route, torch.device("cpu"))
+    bucket = torch.arange(1 << 20, dtype=torch.float32)
+    sender.send(bucket)
+    assert len(sender.store.get("0")) < 1024  # bucket 0 as published
+    received = receiver.receive(bucket.numel(), bucket.dtype)
+    assert received.is_shared() and torch.equal(received, bucket)
+    sender.done()  # the receiver confirmed the bucket: the sender holds nothing more
 
 
 @pytest.mark.parametrize("placed", PLACEMENTS)

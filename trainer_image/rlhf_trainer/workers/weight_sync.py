@@ -104,15 +104,19 @@ class Handles:
         # only to processes it started; a named file opens from any process of the node. (For CUDA
         # tensors torch ignores the strategy.)
         torch.multiprocessing.set_sharing_strategy("file_system")
-        self.store = distributed.PrefixStore(f"handles/{route.engine}/{route.worker}/", store)
+        self.store = distributed.PrefixStore(f"handles/{route.engine}/{route.worker}", store)
         self.device = device
         self.held: deque[Tensor] = deque()
         self.count = 0
 
     def send(self, tensor: Tensor) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
         from torch.multiprocessing.reductions import reduce_tensor
 
-        self.store.set(str(self.count), pickle.dumps(reduce_tensor(tensor)))
+        # ForkingPickler, not pickle: torch registers its storage reductions with it, and a CPU
+        # storage then travels as the name of its shared-memory file instead of its bytes.
+        self.store.set(str(self.count), bytes(ForkingPickler.dumps(reduce_tensor(tensor))))
         self.held.append(tensor)
         self.count += 1
         if len(self.held) > self.AHEAD:
