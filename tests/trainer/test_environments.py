@@ -338,6 +338,7 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
     from rlhf_trainer.environments.runner import start_runner
     from rlhf_trainer.trainer import Trainer
     from rlhf_trainer.workers.rollout import Completion
+    from rlhf_trainer.workers.weight_sync import WeightSync
 
     @ray.remote
     class Signal:
@@ -365,7 +366,7 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
             self.generated += [self.version] * len(prompt_token_ids)
             return [[Completion([5], [-1.0], False)] for _ in prompt_token_ids], 0.0
 
-        def receive_weights(self, announced):
+        def receive_weights(self, announced, dtype, bucket_bytes):
             self.version += 1
             self.signal.set.remote()
 
@@ -384,8 +385,8 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
     ray.get(runner.run.remote([PromptItem("p", [1, 2], "warm-up")], sampling))  # the runner is up
     trainer = Trainer.__new__(Trainer)  # the real _sync_weights, on a trainer of these actors
     trainer.runner, trainer.engines, trainer.spec = runner, [engine], job
-    trainer.groups = {"actor": SimpleNamespace(call=lambda method, engines, dtype: [
-        e.receive_weights.remote([]) for e in engines])}
+    trainer.weight_sync = WeightSync(actor_group=SimpleNamespace(call=lambda method, dtype, bucket_bytes: []),
+                                     engines=[engine], routes=[], announced=[], bucket_bytes=0)
 
     try:
         episode = runner.run.remote([PromptItem("p", [1, 2], "race")], sampling)

@@ -23,10 +23,10 @@ from rlhf_trainer.run import run
 from rlhf_trainer.workers.engine import ModelConfig
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines, \
     plan_placement
-from rlhf_trainer.workers.weight_sync import setup_broadcast_group, sync_weights
+from rlhf_trainer.workers.weight_sync import setup_weight_sync, sync_weights
 
 from test_offline import _dataset, _pair_records, _response_logps, _write_job
-from test_weight_sync import GREEDY, PROMPTS, _chat_ids, _hf_log_probs, _update, _vllm_greedy
+from test_weight_sync import BUCKET_BYTES, GREEDY, PROMPTS, _chat_ids, _hf_log_probs, _update, _vllm_greedy
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -78,7 +78,7 @@ def test_lora_actor_trains_adapters_only_and_vllm_serves_the_merged_weights(tiny
                                      max_model_len=256, seed=0)
     ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training,
                                     optimizer_steps=2)))
-    setup_broadcast_group(actor, engines, tensor_parallel_size=1)
+    weight_sync = setup_weight_sync(actor, engines, placement, bucket_bytes=BUCKET_BYTES)
     before, _ = _vllm_greedy(engines[0], prompt_ids)
     rows = [ids + out for ids, out in zip(prompt_ids, before)]
     width = max(map(len, rows))
@@ -90,7 +90,7 @@ def test_lora_actor_trains_adapters_only_and_vllm_serves_the_merged_weights(tiny
 
     _update(actor, tokenizer, prompt_ids, before)
     _update(actor, tokenizer, prompt_ids, before)  # lora_A gets a gradient once lora_B is nonzero
-    sync_weights(actor, engines, dtype="float32")
+    sync_weights(weight_sync, dtype="float32")
     weights_after = ray.get(actor.call("checksums"))[0]
     changed = {name for name in weights_before if weights_before[name] != weights_after[name]}
     assert changed == {name for name in weights_before if ".lora_" in name}, "only (and every) adapter trains"

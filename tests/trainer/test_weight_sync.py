@@ -1,11 +1,17 @@
-"""After a weight sync (a ZeRO-3 actor on two gloo ranks gathers, its rank 0 broadcasts over a gloo
-group of its own to two vLLM engines), every engine's greedy output equals Hugging Face's greedy
-output of the updated actor, also for prompts whose KV the engines had cached before the update."""
+"""After a weight sync, every engine's greedy output and log-probs equal Hugging Face's of the updated
+actor, also for prompts whose KV the engines had cached before the update; a ZeRO-3 actor on two gloo
+ranks gathers its weights in buckets and sends them to two vLLM engines by each route of
+transfer_plan.py: engines on bundles of their own over a gloo broadcast group from actor rank 0,
+engines on the actor's bundles (training.colocation: all) through shared-memory handles from the
+rank on their bundle."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import ray
+from ray.util.placement_group import remove_placement_group
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -13,7 +19,8 @@ from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.weight_sync import setup_broadcast_group, sync_weights
+from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, Route
+from rlhf_trainer.workers.weight_sync import Handles, setup_weight_sync, sync_weights
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -23,6 +30,12 @@ pytestmark = pytest.mark.timeout(600)
 PROMPTS = ["Ada: Repeat the letter c.", "Bo: Say f.", "Cy: Type a many times.",
            "Di: " + "Spell b, then d, then e. " * 12]
 GREEDY = {"n": 1, "temperature": 0.0, "max_tokens": 12}
+# The tiny model's weights are 0.6-197 KiB each (1.3 MiB in all): 64 KiB buckets give several weights to
+# a bucket, the larger weights one alone, and more buckets than a handle sender keeps unopened.
+BUCKET_BYTES = 64 << 10
+# placement -> (its ranks, bundles, the route every engine takes)
+PLACEMENTS = {"separate": ({"actor": [0, 1], "rollout": [2, 3]}, 4, BROADCAST),
+              "colocated": ({"actor": [0, 1], "rollout": [0, 1]}, 2, HANDLES)}
 
 
 def _hf_greedy(model_dir, prompt_ids: list[list[int]]) -> list[list[int]]:
@@ -72,11 +85,30 @@ def _update(actor: ModelGroup, tokenizer, prompt_ids: list[list[int]], outputs: 
                         generator=torch.Generator().manual_seed(0)))
 
 
-def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
+def test_a_handle_carries_the_tensors_shared_memory_not_its_bytes():
+    """The colocated route on CPU: what travels through the store is a reference to the sender's
+    shared memory (a few hundred bytes for a 4 MB bucket), and it opens as the sent values."""
+    from torch.distributed import HashStore
+
+    route = Route(engine=0, worker=0, bundle=0, sender=0, via=HANDLES)
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=30))  # a key never set fails the test soon
+    sender, receiver = Handles(store, route, torch.device("cpu")), Handles(store, route, torch.device("cpu"))
+    bucket = torch.arange(1 << 20, dtype=torch.float32)
+    sender.send(bucket)
+    assert len(sender.store.get("0")) < 1024  # bucket 0 as published
+    received = receiver.receive(bucket.numel(), bucket.dtype)
+    assert received.is_shared() and torch.equal(received, bucket)
+    sender.done()  # the receiver confirmed the bucket: the sender holds nothing more
+
+
+@pytest.mark.parametrize("placed", PLACEMENTS)
+def test_vllm_serves_the_updated_actor(placed, tiny_model, local_ray, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS]
 
-    placement = Placement(use_gpu=False, bundles=4, ranks={"actor": [0, 1], "rollout": [2, 3]})
+    ranks, bundles, route = PLACEMENTS[placed]
+    placement = Placement(use_gpu=False, bundles=bundles, ranks=ranks)
     group = create_placement_group(placement)
     actor = ModelGroup("actor", group, placement)
     training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
@@ -86,20 +118,27 @@ def test_vllm_serves_the_updated_actor(tiny_model, local_ray, tmp_path):
                                      max_model_len=256, seed=0)
     ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training,
                                     optimizer_steps=2)))
-    setup_broadcast_group(actor, engines, tensor_parallel_size=1)
+    weight_sync = setup_weight_sync(actor, engines, placement, bucket_bytes=BUCKET_BYTES)
+    assert [r.via for r in weight_sync.routes] == [route] * len(engines)
     before = [_vllm_greedy(engine, prompt_ids)[0] for engine in engines]
     assert before == [_hf_greedy(tiny_model, prompt_ids)] * len(engines)
 
-    _update(actor, tokenizer, prompt_ids, before[0])
-    sync_weights(actor, engines, dtype="float32")
-    ray.get(actor.call("save_pretrained", str(tmp_path / "updated")))
-    expected = _hf_greedy(tmp_path / "updated", prompt_ids)
-    assert expected != before[0], "the update should change the greedy output (else this test proves nothing)"
-    expected_log_probs = _hf_log_probs(tmp_path / "updated", prompt_ids, expected)
-    for engine in engines:
-        after, log_probs = _vllm_greedy(engine, prompt_ids)
-        assert after == expected
-        # Equal greedy tokens can hide a partly stale model (e.g. old output embeddings, or a
-        # prompt's cached KV): the log-probs must agree too.
-        for engine_log_probs, hf_log_probs in zip(log_probs, expected_log_probs):
-            torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)
+    served = before[0]
+    for sync in range(2):  # the second reuses the routes' groups and store keys
+        _update(actor, tokenizer, prompt_ids, served)
+        sync_weights(weight_sync, dtype="float32")
+        ray.get(actor.call("save_pretrained", str(tmp_path / f"updated-{sync}")))
+        expected = _hf_greedy(tmp_path / f"updated-{sync}", prompt_ids)
+        assert expected != served, "the update should change the greedy output (else this test proves nothing)"
+        expected_log_probs = _hf_log_probs(tmp_path / f"updated-{sync}", prompt_ids, expected)
+        for engine in engines:
+            after, log_probs = _vllm_greedy(engine, prompt_ids)
+            assert after == expected
+            # Equal greedy tokens can hide a partly stale model (e.g. old output embeddings, or a
+            # prompt's cached KV): the log-probs must agree too.
+            for engine_log_probs, hf_log_probs in zip(log_probs, expected_log_probs):
+                torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)
+        served = expected
+    for worker in actor.workers + engines:  # the other placement's case needs the memory
+        ray.kill(worker)
+    remove_placement_group(group)

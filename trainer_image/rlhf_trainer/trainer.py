@@ -57,7 +57,7 @@ from .rewards import RewardResult, build_reward
 from .sampling import Rollout, fill_batch, informative_groups, shape_rewards
 from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
-from .workers.weight_sync import setup_broadcast_group, sync_weights
+from .workers.weight_sync import setup_weight_sync, sync_weights
 
 
 @dataclass
@@ -110,7 +110,8 @@ class Trainer(RunLoop):
             self.runner = start_runner(self.spec.environment, self.base_dir, self.actor_path, self.engines,
                                        self.rollout.max_new_tokens, revision=self.spec.models.actor.revision)
         ray.get(setups)
-        setup_broadcast_group(self.actor, self.engines, self.rollout.tensor_parallel_size)
+        self.weight_sync = setup_weight_sync(self.actor, self.engines, placement,
+                                             bucket_bytes=self.rollout.weight_sync_bucket_mib << 20)
 
     def _actors(self) -> list:
         return super()._actors() + self.engines + ([self.runner] if self.runner else [])
@@ -365,7 +366,7 @@ class Trainer(RunLoop):
             # two turns of a queued episode (asyncQueueSize), which must not straddle the update. Its
             # episodes queued before this sync finish first, as an engine's queued rollouts do.
             ray.get(self.runner.ready.remote())
-        sync_weights(self.actor, self.engines, dtype=self.spec.models.actor.dtype)
+        sync_weights(self.weight_sync, dtype=self.spec.models.actor.dtype)
 
     def _resume(self) -> bool:
         """RunLoop's resume, then the checkpoint's actor weights to the engines (they load the initial ones)."""

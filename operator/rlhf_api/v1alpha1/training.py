@@ -56,6 +56,11 @@ class RolloutSpec(APIModel):
     """Disable CUDA graphs (slower decoding, faster start, less memory)."""
     enable_prefix_caching: bool = True
     """Reuse KV cache across samples of one prompt."""
+    weight_sync_bucket_mib: int = Field(256, ge=1, le=16384)
+    """MiB of weights per transfer to the vLLM engines after each update: the actor gathers its weights
+    and sends them flattened into buckets of this size, one gather and one broadcast (or same-GPU
+    handle) per bucket; a larger weight goes alone. Larger buckets mean fewer transfers and more
+    memory while the sync runs: up to 3 buckets on each actor GPU, 1 on each engine's."""
     dynamic_sampling: DynamicSamplingSpec = section(DynamicSamplingSpec)
     """Drop groups that train nothing and sample more prompts (DAPO)."""
     length_shaping: LengthShapingSpec = section(LengthShapingSpec)

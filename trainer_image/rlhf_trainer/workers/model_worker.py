@@ -4,7 +4,7 @@ The work lives in the modules it composes: engine.py loads the model into a Deep
 reads it, objectives.py trains it one micro-batch at a time, weights.py gathers its full weights
 and weight_sync.py sends them to vLLM. Its methods are the group's remote API, called by name
 (ModelGroup, checkpoint.py, weight_sync.py, the trainers): open_rendezvous, setup, forward, score,
-train, train_offline, checksums, save_pretrained, broadcast_weights, open_weight_sync, join_weight_sync,
+train, train_offline, checksums, save_pretrained, weight_shapes, send_weights, open_weight_sync, join_weight_sync,
 save_checkpoint and load_checkpoint.
 
 Every rank of a ZeRO-3 group must run the same number of forward passes (each one gathers the
@@ -34,8 +34,8 @@ class ModelWorker:
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
         self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
-        self.sync_store = None  # rank 0: the weight-sync group's rendezvous (open_weight_sync)
-        self.sync_group = None  # rank 0: the weight-sync group with the vLLM workers (join_weight_sync)
+        self.sync_store = None  # rank 0: the weight sync's store (open_weight_sync)
+        self.sync_targets = []  # where this rank sends the weights (join_weight_sync)
 
     def open_rendezvous(self) -> tuple[str, int]:
         """Rank 0: serve the group's rendezvous; returns its address for every rank's `setup`."""
@@ -118,24 +118,35 @@ class ModelWorker:
     def save_pretrained(self, directory: str) -> None:
         weights.save_pretrained(self.model, directory)
 
-    def broadcast_weights(self, engines: list, dtype: str) -> None:
-        """Weight sync, sending side (see weight_sync.py)."""
-        from .weight_sync import broadcast_parameters
+    def weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, full shape) of each weight the sync sends, in its order (without a gather)."""
+        return weights.full_shapes(self.model)
 
-        broadcast_parameters(self.model, self.sync_group, engines, getattr(torch, dtype))
+    def send_weights(self, dtype: str, bucket_bytes: int) -> None:
+        """Weight sync, sending side (see weight_sync.py): every rank gathers, each sends to its targets."""
+        from .weight_sync import send_parameters
+
+        send_parameters(self.model, self.sync_targets, getattr(torch, dtype), bucket_bytes)
 
     def open_weight_sync(self, world_size: int) -> tuple[str, int]:
-        """Rank 0: serve the weight-sync group's rendezvous; returns its address for the vLLM workers."""
+        """Rank 0: serve the weight sync's store; returns its address for the other ranks and the vLLM workers."""
         from .weight_sync import SYNC_TIMEOUT
 
         self.sync_store = open_store(world_size, SYNC_TIMEOUT)
         return node_address(), self.sync_store.port
 
-    def join_weight_sync(self, world_size: int) -> None:
-        """Rank 0: take rank 0 of the weight-sync group (the vLLM workers join meanwhile)."""
-        from .weight_sync import SyncGroup
+    def join_weight_sync(self, master_addr: str, master_port: int, world_size: int, routes: list) -> None:
+        """This rank's targets for its `routes` (transfer_plan.Route, those it sends): a Handles per
+        worker on its device, and on rank 0 rank 0 of the broadcast group when the group has receivers
+        (they join meanwhile)."""
+        from .transfer_plan import HANDLES
+        from .weight_sync import SYNC_TIMEOUT, Handles, SyncGroup, sync_store
 
-        self.sync_group = SyncGroup(self.sync_store, 0, world_size, self.model.device)
+        store = sync_store(self.sync_store or join_store(master_addr, master_port, world_size, SYNC_TIMEOUT))
+        device = self.model.device
+        self.sync_targets = [Handles(store, route, device) for route in routes if route.via == HANDLES]
+        if self.rank == 0 and world_size > 1:
+            self.sync_targets.append(SyncGroup(store, 0, world_size, device))
 
     # -- checkpoints -----------------------------------------------------------------------------
 

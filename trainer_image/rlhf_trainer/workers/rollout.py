@@ -127,11 +127,12 @@ class RolloutEngine:
         """Nothing: an actor runs its calls in order, so this returns once those queued before it are done."""
 
     # Weight sync, receiving side (see weight_sync.py): forwarded to every worker of this engine.
-    def init_weight_sync(self, master_addr: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        self.llm.collective_rpc("init_weight_sync", args=(master_addr, master_port, rank_offset, world_size))
+    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int, routes: dict) -> None:
+        """routes: transfer_plan.Route per worker of this engine, by its rank in the engine."""
+        self.llm.collective_rpc("init_weight_sync", args=(master_addr, master_port, world_size, routes))
 
-    def receive_weights(self, announced: list[tuple[str, str, tuple[int, ...]]]) -> None:
-        """Load the parameters actor rank 0 broadcasts, then forget KV blocks computed with the old weights."""
-        self.llm.collective_rpc("receive_weights", args=(announced,))
+    def receive_weights(self, announced: list[tuple[str, tuple[int, ...]]], dtype: str, bucket_bytes: int) -> None:
+        """Load the weights the actor sends, then forget KV blocks computed with the old weights."""
+        self.llm.collective_rpc("receive_weights", args=(announced, dtype, bucket_bytes))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache: it could serve KV computed with the old weights")

@@ -1,30 +1,42 @@
 """Actor -> vLLM weight sync after every update: one path, on CPU and GPU alike.
 
-Actor rank 0 and every vLLM worker form a torch.distributed group of their own (`SyncGroup`),
-outside both the actor's DeepSpeed world and vLLM's. After each update every actor rank takes part
-in gathering the ZeRO-3 shards, parameter by parameter; rank 0 first announces the parameters
-(name, dtype, shape) to the engines through Ray, then broadcasts each one as soon as it is gathered.
-A LoRA actor sends the base model's weights with its adapters merged in (W + scale * B @ A, see
-workers/lora.py), under the names vLLM loads; vLLM serves them as a plain model. Every weight is
-sent, also those LoRA leaves unchanged: vLLM reloads a layer from all of its weights.
-Each vLLM worker reloads its model in place from the stream of received tensors, with the loader
-vLLM uses on both platforms (the worker's `reload_weights`), and the engine then drops its prefix
-cache (cached KV blocks were computed with the old weights).
+Which way each vLLM worker receives is decided from the placement (transfer_plan.py): a worker on
+an actor rank's own device takes the weights from that rank through same-device handles
+(`Handles`: torch's IPC handles, CUDA IPC on GPU and shared memory on CPU, passed over the sync
+store), every other worker is a rank of a torch.distributed group of its own with actor rank 0
+(`SyncGroup`), outside both the actor's DeepSpeed world and vLLM's. After each update every actor
+rank takes part in gathering the ZeRO-3 shards, a bucket of weights at a time (weights.merged_buckets,
+rollout.weightSyncBucketMib); each bucket is flattened into one tensor, which actor rank 0
+broadcasts and each rank hands to the workers on its device. A LoRA actor sends the base model's
+weights with its adapters merged in (W + scale * B @ A, see workers/lora.py), under the names vLLM
+loads; vLLM serves them as a plain model. Every weight is sent, also those LoRA leaves unchanged:
+vLLM reloads a layer from all of its weights.
+Each vLLM worker cuts the received buckets back into weights (the names and shapes the driver
+announces) and reloads its model in place from them, with the loader vLLM uses on both platforms
+(the worker's `reload_weights`); the engine then drops its prefix cache (cached KV blocks were
+computed with the old weights).
 
-The only difference between CPU and GPU is the device, and the backend that follows from it
-(`SyncGroup`): gloo on CPU, where tests/trainer/test_weight_sync.py verifies the whole path, and
-NCCL on GPU, which the development machines do not have.
+The only difference between CPU and GPU is the device, and what follows from it: the group's
+backend (gloo or NCCL, `distributed.backend`) and what torch's handles carry (a file in /dev/shm or
+CUDA IPC memory, torch.multiprocessing.reductions). tests/trainer/test_weight_sync.py runs both
+routes on CPU; NCCL and CUDA IPC run only on GPUs, which the development machines do not have.
 """
 
 from __future__ import annotations
 
+import math
+import pickle
+from collections import deque
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Iterator
 
 import ray
 import torch
 from torch import Tensor
 
 from .distributed import backend, join_store
+from .transfer_plan import HANDLES, Route, broadcast_bundles, bucket_ranges, plan_transfer
 
 # Every member waits at most this long for the others, at the rendezvous and in each broadcast.
 # Both sides are idle before they start (see _wait_until_idle), so minutes are plenty, and a
@@ -35,10 +47,16 @@ SYNC_TIMEOUT = timedelta(minutes=2)
 _PROCESS_GROUPS = {"gloo": "ProcessGroupGloo", "nccl": "ProcessGroupNCCL"}
 
 
+def sync_store(store):
+    """The weight sync's keys in actor rank 0's store (distributed.open_store there, join_store elsewhere)."""
+    from torch import distributed
+
+    return distributed.PrefixStore("weight-sync/", store)
+
+
 class SyncGroup:
-    """This process's membership of the weight-sync group: rank 0 is actor rank 0, which serves the
-    rendezvous (`store`: distributed.open_store there, join_store on the others; its keys under a
-    prefix of their own); rank 0 broadcasts, the rest receive.
+    """This process's membership of the broadcast group: rank 0 is actor rank 0, which serves the
+    rendezvous (`store`, see sync_store); rank 0 broadcasts, the rest receive.
 
     It holds torch's backend itself rather than a ProcessGroup made by torch's
     `_new_process_group_helper` as OpenRLHF does: on GPUs DeepSpeed binds its default group to the
@@ -50,42 +68,127 @@ class SyncGroup:
         from torch import distributed
 
         self.device = device
-        self.store = distributed.PrefixStore("weight-sync/", store)
         process_group = getattr(distributed, _PROCESS_GROUPS[backend(use_gpu=device.type == "cuda")])
-        self.process_group = process_group(self.store, rank, world_size, SYNC_TIMEOUT)
+        self.process_group = process_group(store, rank, world_size, SYNC_TIMEOUT)
 
-    def broadcast(self, tensor: Tensor) -> None:
+    def send(self, tensor: Tensor) -> None:
         """Rank 0's `tensor` into every other rank's (same shape, dtype and device type); blocks until done."""
         from torch.distributed import BroadcastOptions
 
         self.process_group.broadcast([tensor], BroadcastOptions()).wait()  # root: rank 0
 
-    def receive(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=self.device)
-        self.broadcast(tensor)
+    def receive(self, numel: int, dtype: torch.dtype) -> Tensor:
+        tensor = torch.empty(numel, dtype=dtype, device=self.device)
+        self.send(tensor)
+        return tensor
+
+    def done(self) -> None:
+        """Nothing: every broadcast has finished when `send` returns."""
+
+
+class Handles:
+    """Tensors from an actor rank to the vLLM worker on its device (a `HANDLES` route), without a
+    copy through any network: the sender publishes torch's IPC handle of each bucket in the sync
+    store (key <n>, n counting the buckets of this sync), the worker opens it and answers
+    <n>/taken. torch.multiprocessing.reductions.reduce_tensor makes the handle: CUDA IPC for a
+    GPU tensor, a file in /dev/shm for a CPU one; the worker's opened tensor keeps the memory alive
+    after the sender drops it. The sender holds at most AHEAD buckets the worker has not yet
+    confirmed, so a slow worker bounds its memory."""
+
+    AHEAD = 2
+
+    def __init__(self, store, route: Route, device: torch.device):
+        from torch import distributed
+
+        # The default strategy (file descriptors) passes a descriptor over multiprocessing's socket,
+        # only to processes it started; a named file opens from any process of the node. (For CUDA
+        # tensors torch ignores the strategy.)
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        self.store = distributed.PrefixStore(f"handles/{route.engine}/{route.worker}", store)
+        self.device = device
+        self.held: deque[Tensor] = deque()
+        self.count = 0
+
+    def send(self, tensor: Tensor) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        # ForkingPickler, not pickle: torch registers its storage reductions with it, and a CPU
+        # storage then travels as the name of its shared-memory file instead of its bytes.
+        self.store.set(str(self.count), bytes(ForkingPickler.dumps(reduce_tensor(tensor))))
+        self.held.append(tensor)
+        self.count += 1
+        if len(self.held) > self.AHEAD:
+            self._release()
+
+    def done(self) -> None:
+        """End of a sync: on the sender, once the worker has opened every bucket."""
+        while self.held:
+            self._release()
+        self.count = 0
+
+    def _release(self) -> None:
+        taken = f"{self.count - len(self.held)}/taken"
+        self.store.wait([taken])
+        self.store.delete_key(taken)
+        self.held.popleft()
+
+    def receive(self, numel: int, dtype: torch.dtype) -> Tensor:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        key = str(self.count)
+        rebuild, args = pickle.loads(self.store.get(key))
+        if rebuild is rebuild_cuda_tensor:  # the sender's index of the device; vLLM's Ray workers see several
+            args = (*args[:6], self.device.index, *args[7:])
+        tensor = rebuild(*args)
+        self.store.delete_key(key)
+        self.store.set(f"{key}/taken", b"")
+        self.count += 1
+        if tensor.numel() != numel or tensor.dtype != dtype:
+            raise RuntimeError(f"bucket {key}: got {tensor.numel()} x {tensor.dtype}, announced {numel} x {dtype}")
         return tensor
 
 
 # -- driver --------------------------------------------------------------------------------------
 
 
-def setup_broadcast_group(actor_group, engines: list, tensor_parallel_size: int) -> None:
-    """Form the group: actor rank 0 is rank 0, then the tensor-parallel workers of each engine."""
+@dataclass
+class WeightSync:
+    """What the driver keeps between syncs (setup_weight_sync)."""
+
+    actor_group: object  # group.ModelGroup
+    engines: list
+    routes: list[Route]
+    announced: list[tuple[str, tuple[int, ...]]]  # (name, full shape) per weight, in sending order
+    bucket_bytes: int
+
+
+def setup_weight_sync(actor_group, engines: list, placement, bucket_bytes: int) -> WeightSync:
+    """Plan each worker's route from the placement (group.Placement), open the store on actor rank
+    0, form the broadcast group (when a worker receives by broadcast) and the handle channels."""
     _wait_until_idle(engines)
-    world_size = 1 + len(engines) * tensor_parallel_size
+    routes = plan_transfer(placement.ranks, placement.engine_width)
+    world_size = len(broadcast_bundles(placement.ranks, routes))
     sender = actor_group.workers[0]
     master_addr, master_port = ray.get(sender.open_weight_sync.remote(world_size))
-    receivers = [
-        engine.init_weight_sync.remote(master_addr, master_port, 1 + i * tensor_parallel_size, world_size)
-        for i, engine in enumerate(engines)
-    ]
-    ray.get([sender.join_weight_sync.remote(world_size)] + receivers)
+    receivers = [engine.init_weight_sync.remote(master_addr, master_port, world_size,
+                                                {route.worker: route for route in routes if route.engine == index})
+                 for index, engine in enumerate(engines)]
+    senders = [worker.join_weight_sync.remote(master_addr, master_port, world_size,
+                                              [route for route in routes if route.sender == rank])
+               for rank, worker in enumerate(actor_group.workers)]
+    ray.get(senders + receivers)
+    announced = ray.get(sender.weight_shapes.remote())
+    return WeightSync(actor_group, engines, routes, announced, bucket_bytes)
 
 
-def sync_weights(actor_group, engines: list, *, dtype: str) -> None:
+def sync_weights(weight_sync: WeightSync, *, dtype: str) -> None:
     """Push the actor's current weights to every rollout engine; returns once they serve them."""
-    _wait_until_idle(engines)
-    ray.get(actor_group.call("broadcast_weights", engines, dtype))
+    _wait_until_idle(weight_sync.engines)
+    receiving = [engine.receive_weights.remote(weight_sync.announced, dtype, weight_sync.bucket_bytes)
+                 for engine in weight_sync.engines]
+    ray.get(weight_sync.actor_group.call("send_weights", dtype, weight_sync.bucket_bytes) + receiving)
 
 
 def _wait_until_idle(engines: list) -> None:
@@ -98,20 +201,18 @@ def _wait_until_idle(engines: list) -> None:
 # -- sending side: every actor rank --------------------------------------------------------------
 
 
-def broadcast_parameters(model, sync_group: SyncGroup | None, engines: list, dtype: torch.dtype) -> None:
-    """Runs on every actor rank (the gather is collective); rank 0 announces the parameters to the
-    engines, then broadcasts each one over its sync_group as soon as it is gathered."""
-    from .weights import full_shapes, named_merged_parameters  # here: vLLM's workers import this module
+def send_parameters(model, targets: list, dtype: torch.dtype, bucket_bytes: int) -> None:
+    """Runs on every actor rank (the gather is collective): each bucket, flattened, to this rank's
+    targets (its SyncGroup on rank 0, a Handles per worker on its device)."""
+    from .weights import merged_buckets  # here: vLLM's workers import this module
 
-    receiving = []
-    if model.rank == 0:
-        dtype_name = str(dtype).removeprefix("torch.")
-        announced = [(name, dtype_name, shape) for name, shape in full_shapes(model)]
-        receiving = [engine.receive_weights.remote(announced) for engine in engines]
-    for _, tensor in named_merged_parameters(model, dtype):
-        if model.rank == 0:
-            sync_group.broadcast(tensor.contiguous())
-    ray.get(receiving)
+    for bucket in merged_buckets(model, dtype, bucket_bytes):
+        if targets:
+            flat = torch.cat([tensor.reshape(-1) for _, tensor in bucket])
+            for target in targets:
+                target.send(flat)
+    for target in targets:
+        target.done()
 
 
 # -- receiving side: every vLLM worker -----------------------------------------------------------
@@ -120,26 +221,35 @@ def broadcast_parameters(model, sync_group: SyncGroup | None, engines: list, dty
 class WeightSyncExtension:
     """Mixed into vLLM's worker, on CPU and GPU (vLLM's `worker_extension_cls`)."""
 
-    def init_weight_sync(self, master_addr: str, master_port: int, rank_offset: int, world_size: int) -> None:
+    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int, routes: dict[int, Route]) -> None:
         from vllm.distributed.parallel_state import get_world_group
 
-        rank = get_world_group().rank + rank_offset
-        store = join_store(master_addr, master_port, world_size, SYNC_TIMEOUT)
-        self.weight_sync_group = SyncGroup(store, rank, world_size, self.device)
+        route = routes[get_world_group().rank]
+        store = sync_store(join_store(master_addr, master_port, world_size, SYNC_TIMEOUT))
+        self.weight_source = (Handles(store, route, self.device) if route.via == HANDLES
+                              else SyncGroup(store, route.sync_rank, world_size, self.device))
 
-    def receive_weights(self, announced: list[tuple[str, str, tuple[int, ...]]]) -> None:
-        """Reload the model in place from the parameters rank 0 broadcasts, in the announced order,
-        each received only when the loader asks for it (one parameter in flight at a time)."""
-        received = (
-            (name, self.weight_sync_group.receive(shape, getattr(torch, dtype))) for name, dtype, shape in announced
-        )
+    def receive_weights(self, announced: list[tuple[str, tuple[int, ...]]], dtype_name: str, bucket_bytes: int) -> None:
+        """Reload the model in place from the buckets the actor sends, cut back into the announced
+        weights; a bucket is received only when the loader asks for its first weight."""
+        received = _unpack(self.weight_source, announced, getattr(torch, dtype_name), bucket_bytes)
         self.reload_weights(weights_iterator=received)
-        # A loader that stopped early would leave rank 0 waiting in a broadcast; take the rest
-        # so that the group stays in step, and fail loudly rather than serve a partial update.
+        # A loader that stopped early would leave the sender waiting; take the rest so that the
+        # group stays in step, and fail loudly rather than serve a partial update.
         if unread := sum(1 for _ in received):
             raise RuntimeError(f"vLLM's reload_weights left {unread} of the {len(announced)} parameters unread")
-        if all(name != "lm_head.weight" for name, _, _ in announced):  # tied to the embedding
+        self.weight_source.done()
+        if all(name != "lm_head.weight" for name, _ in announced):  # tied to the embedding
             _repack_lm_head(self)
+def _unpack(source, announced: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
+            bucket_bytes: int) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) per announced weight, a view of its bucket; buckets cut as the sender cuts them."""
+    sizes = [math.prod(shape) for _, shape in announced]
+    for bucket in bucket_ranges([size * dtype.itemsize for size in sizes], bucket_bytes):
+        flat = source.receive(sum(sizes[bucket.start:bucket.stop]), dtype)
+        pieces = flat.split(sizes[bucket.start:bucket.stop])
+        for (name, shape), piece in zip(announced[bucket.start:bucket.stop], pieces):
+            yield name, piece.view(shape)
 
 
 def _repack_lm_head(worker) -> None:

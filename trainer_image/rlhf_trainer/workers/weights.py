@@ -11,6 +11,7 @@ model's names (lora.merged_entries: the weight sync, the merged export).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from .engine import Model, ValueModel
 from .lora import merged_entries
+from .transfer_plan import bucket_ranges
 
 
 def named_full_parameters(model: Model, dtype: torch.dtype | None = None,
@@ -38,12 +40,25 @@ def named_merged_parameters(model: Model, dtype: torch.dtype | None = None) -> I
     """(base model's name, full tensor) per weight of the model as Hugging Face and vLLM load it:
     LoRA adapters merged into their layers (each layer and its adapters gathered together); every
     rank must iterate."""
+    for bucket in merged_buckets(model, dtype, bucket_bytes=0):
+        yield from bucket
+
+
+def merged_buckets(model: Model, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+    """named_merged_parameters' weights, consecutive ones together up to bucket_bytes in `dtype`
+    (transfer_plan.bucket_ranges), each bucket's parameters gathered at once: one ZeRO-3 gather per
+    bucket instead of one per weight. A bucket is valid until the next one is asked for; every
+    rank must iterate."""
     import deepspeed
 
-    for name, _, params, compute in merged_entries(model.engine.module):
+    entries = merged_entries(model.engine.module)
+    sizes = [math.prod(shape) * (dtype or params[0].dtype).itemsize for _, shape, params, _ in entries]
+    for bucket in bucket_ranges(sizes, bucket_bytes):
+        params = list({id(p): p for _, _, entry_params, _ in entries[bucket.start:bucket.stop]
+                       for p in entry_params}.values())
         with deepspeed.zero.GatheredParameters(params, enabled=model.zero3):
-            tensor = compute()
-            yield name, tensor.to(dtype or tensor.dtype)
+            yield [(name, compute().to(dtype) if dtype else compute())
+                   for name, _, _, compute in entries[bucket.start:bucket.stop]]
 
 
 def full_shapes(model: Model) -> list[tuple[str, tuple[int, ...]]]:

@@ -1,0 +1,93 @@
+"""The weight-transfer plan of every example job, on one node of 8 GPUs and on two: no group that
+runs collectives (a model group, a vLLM engine's tensor-parallel workers, the weight-sync broadcast
+group) has two ranks on one device (NCCL refuses them), and exactly the vLLM workers on an actor
+rank's device take the weights through handles, from that rank. `pytest -s` prints each plan."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf_api.validation import InvalidJob, validate
+from rlhf_trainer.workers.group import ROLLOUT, plan_placement
+from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, broadcast_bundles, bucket_ranges, plan_transfer
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+CLUSTERS = {"1x8": (1, 8), "2x8": (2, 8)}
+
+
+def _job(example: str, nodes: int, gpus_per_node: int):
+    """The example as the trainer reads it (rlhf_api.validation.validate), on `nodes` x `gpus_per_node` GPUs."""
+    manifest = yaml.safe_load((EXAMPLES / example).read_text())
+    manifest["spec"]["resources"].update(nodes=nodes, gpusPerNode=gpus_per_node)
+    return validate(manifest)
+
+
+def _groups(placement, routes) -> dict[str, list[int]]:
+    """The bundles of each group's ranks: every model group, every engine, the broadcast group."""
+    groups = {role: bundles for role, bundles in placement.ranks.items() if role != ROLLOUT}
+    for engine, first in enumerate(placement.ranks.get(ROLLOUT, [])):
+        groups[f"engine {engine}"] = list(range(first, first + placement.engine_width))
+    if routes:
+        groups["broadcast"] = broadcast_bundles(placement.ranks, routes)
+    return groups
+
+
+def _table(example: str, cluster: str, placement, routes) -> str:
+    """One line per engine worker: where it is and how its weights come."""
+    head = f"{example} on {cluster}: {placement.bundles} GPUs used, " + "; ".join(
+        f"{role} on GPUs {bundles}" for role, bundles in placement.ranks.items() if role != ROLLOUT)
+    return "\n".join([head] + [
+        f"  engine {r.engine} worker {r.worker} on GPU {r.bundle}: "
+        + (f"handles from actor rank {r.sender}" if r.via == HANDLES else f"broadcast, rank {r.sync_rank} of the group")
+        for r in routes])
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("example", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
+def test_no_collective_group_has_two_ranks_on_one_device(example, cluster):
+    nodes, gpus_per_node = CLUSTERS[cluster]
+    try:
+        job = _job(example, nodes, gpus_per_node)
+        placement = plan_placement(job.spec, use_gpu=True)
+    except InvalidJob as refused:  # the job asks for more GPUs than the cluster has, and is told so
+        pytest.skip(f"{example} does not fit {cluster}: {refused}")
+    if placement.bundles > nodes * gpus_per_node:
+        pytest.skip(f"{example} needs {placement.bundles} GPUs, more than {cluster} (check_cluster refuses it)")
+    online = ROLLOUT in placement.ranks and placement.ranks[ROLLOUT]  # an offline job syncs no weights
+    routes = plan_transfer(placement.ranks, placement.engine_width) if online else []
+    print(_table(example, cluster, placement, routes))
+
+    for group, bundles in _groups(placement, routes).items():
+        assert not [b for b, n in Counter(bundles).items() if n > 1], f"{group} has two ranks on one GPU: {bundles}"
+    if not online:
+        return
+    actor = placement.ranks["actor"]
+    workers = [(engine, worker) for engine in range(len(placement.ranks.get(ROLLOUT, [])))
+               for worker in range(placement.engine_width)]
+    assert [(r.engine, r.worker) for r in routes] == workers, "every vLLM worker has one route"
+    for route in routes:
+        assert (route.via == HANDLES) == (route.bundle in actor)
+        assert route.via == BROADCAST or actor[route.sender] == route.bundle  # the rank on its own device
+    if job.spec.training.colocation == "all":
+        assert {r.via for r in routes} <= {HANDLES}
+    else:
+        assert {r.via for r in routes} <= {BROADCAST}
+
+
+def test_a_worker_off_the_actors_devices_is_sent_to_by_broadcast_next_to_handles():
+    """colocation all with fewer actor ranks than vLLM GPUs: the workers on actor GPUs take handles,
+    the others join the broadcast group, each on a GPU of its own."""
+    routes = plan_transfer({"actor": [0, 1], ROLLOUT: [0, 2]}, engine_width=2)
+    assert [(r.bundle, r.via, r.sender, r.sync_rank) for r in routes] == [
+        (0, HANDLES, 0, None), (1, HANDLES, 1, None), (2, BROADCAST, 0, 1), (3, BROADCAST, 0, 2)]
+    assert broadcast_bundles({"actor": [0, 1]}, routes) == [0, 2, 3]
+
+
+def test_buckets_hold_consecutive_weights_up_to_the_limit_and_a_larger_weight_alone():
+    assert bucket_ranges([3, 3, 3, 10, 1, 1], limit=6) == [range(0, 2), range(2, 3), range(3, 4), range(4, 6)]
+    assert bucket_ranges([3, 3], limit=0) == [range(0, 1), range(1, 2)]  # every weight alone
+    assert bucket_ranges([], limit=6) == []
