@@ -63,7 +63,8 @@ def test_tokens_per_second_is_the_engines_throughput_over_every_round():
     sequences, attention_mask, action_mask = trainer._pack(batch.prompts, batch.samples)
     zeros = torch.zeros(action_mask.shape)
     experience = Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
-                            action_log_probs=zeros, advantages=zeros, response_length=action_mask.sum(-1))
+                            action_log_probs=zeros, rollout_log_probs=zeros, advantages=zeros,
+                            response_length=action_mask.sum(-1))
     assert int(action_mask.sum()) == 4 and batch.seconds == 2.0
     assert trainer._rollout_metrics(experience, batch)["tokens_per_second"] == 8.0
 
