@@ -6,7 +6,7 @@
 A ZeRO-3 actor on two CPU ranks and one vLLM-CPU engine, on the placement named (`separate`: the
 engine on a bundle of its own, sent over the gloo broadcast group; `colocated`: the engine on actor
 rank 0's bundle, sent through shared-memory handles), the model one of rlhf_trainer.tiny.SHAPES
-(random weights, built offline). Each sync is `sync_weights` as the trainer calls it after an
+(random weights, built offline) or `smollm2`, the real SmolLM2-135M-Instruct (rlhf smollm2-model). Each sync is `sync_weights` as the trainer calls it after an
 update; the first is left out of the median (the receiving side's first reload allocates). Prints
 one JSON line. --bucket-mib 0 sends each parameter on its own (one gather and one collective per
 parameter: what the trainer did before buckets). Run from an older tree (PYTHONPATH pointing at
@@ -40,14 +40,20 @@ PLACEMENTS = {"separate": ({"actor": [0, 1], "rollout": [2]}, 3), "colocated": (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-shape", choices=SHAPES, default="qwen2-40m")
+    parser.add_argument("--model-shape", choices=[*SHAPES, "smollm2"], default="qwen2-40m",
+                        help="a random model of rlhf_trainer.tiny.SHAPES, or smollm2: the real SmolLM2-135M-Instruct")
     parser.add_argument("--placement", choices=PLACEMENTS, default="separate")
     parser.add_argument("--bucket-mib", type=float, default=256)
     parser.add_argument("--syncs", type=int, default=6)
     args = parser.parse_args()
     os.environ.update(OFFLINE_ENV, RAY_AUTH_MODE="disabled")
     work = Path(tempfile.mkdtemp(prefix="weight-sync-bench-"))
-    model_dir = build_tiny_model(work / "model", shape=args.model_shape)
+    if args.model_shape == "smollm2":
+        from rlhf_trainer.pretrained import build_smollm2
+
+        model_dir = build_smollm2(work / "model")
+    else:
+        model_dir = build_tiny_model(work / "model", shape=args.model_shape)
     ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp"),
              log_to_driver=False)
     ranks, bundles = PLACEMENTS[args.placement]

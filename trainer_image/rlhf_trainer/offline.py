@@ -1,4 +1,4 @@
-"""The offline algorithms: sft, dpo, ipo, cdpo, kto and rm, trained on a dataset (no rollouts, no vLLM).
+"""The offline algorithms (the catalogue's entries trained on a dataset: no rollouts, no vLLM), by objective.
 
 Each step is one optimizer step over training.trainBatchSize examples (pairs, for the preference
 algorithms), split evenly over the trained group's ranks and into microTrainBatchSize
