@@ -47,7 +47,8 @@ def apply_lora(model: nn.Module, spec: LoRASpec, role: str) -> Any:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = spec.target_modules
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, task_type=TASK_TYPES[role],
-                        target_modules="all-linear" if targets == ["all-linear"] else targets)
+                        target_modules="all-linear" if targets == ["all-linear"] else targets,
+                        modules_to_save=spec.modules_to_save or None)
     return get_peft_model(model, config)
 
 
