@@ -8,8 +8,8 @@ reference without a second copy of the weights (workers/group.py: `shared_roles`
 
 `merged_entries` lists the model's weights under the base model's names, each adapted layer's
 weight merged as W + scale * B @ A: what vLLM is sent after every update and what the merged
-export holds. A critic's or reward model's score head is trained whole (peft's modules_to_save)
-and read from its trained copy.
+export holds. A critic's or reward model's score head, and any module lora.modulesToSave names, is
+trained whole (peft's modules_to_save) and read from its trained copy.
 """
 
 from __future__ import annotations
