@@ -24,6 +24,8 @@ class LoRASpec(APIModel):
         default_factory=lambda: ["all-linear"], max_length=64
     )
     """Module names to adapt (e.g. q_proj, v_proj), or all-linear: every linear layer but the output head."""
+    modules_to_save: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=64)
+    """Modules trained whole beside the adapters (peft's modules_to_save; a name matches every module whose name ends with it), e.g. model.norm: the final norm's gain sets how sharp the output distribution can get, which adapters on the linear layers cannot change."""
     export_merged: bool = False
     """Also export the base model with the adapter merged in, in Hugging Face format, to checkpoint.path/final/merged."""
     quantization: Literal["none", "nf4"] = "none"

@@ -8,8 +8,8 @@ reference without a second copy of the weights (workers/group.py: `shared_roles`
 
 `merged_entries` lists the model's weights under the base model's names, each adapted layer's
 weight merged as W + scale * B @ A: what vLLM is sent after every update and what the merged
-export holds. A critic's or reward model's score head is trained whole (peft's modules_to_save)
-and read from its trained copy.
+export holds. A critic's or reward model's score head, and any module lora.modulesToSave names, is
+trained whole (peft's modules_to_save) and read from its trained copy.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def apply_lora(model: nn.Module, spec: LoRASpec, role: str) -> Any:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = spec.target_modules
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, task_type=TASK_TYPES[role],
-                        target_modules="all-linear" if targets == ["all-linear"] else targets)
+                        target_modules="all-linear" if targets == ["all-linear"] else targets,
+                        modules_to_save=spec.modules_to_save or None)
     return get_peft_model(model, config)
 
 
