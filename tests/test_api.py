@@ -86,10 +86,10 @@ def test_examples_cover_every_algorithm_family():
     assert {"ppo", "grpo", "reinforce++", "rloo", "dpo", "sft", "rm"} <= algorithms
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLES if not p.name.startswith("tiny-")], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if not p.name.startswith(("tiny-", "smollm2-"))], ids=lambda p: p.name)
 def test_cluster_examples_checkpoint_on_a_claim(path: Path):
     """Head and worker pods write one checkpoint, and the image's user cannot create /checkpoints in
-    the pod (the tiny-* examples run on this machine with `rlhf run`)."""
+    the pod (the tiny-* and smollm2-* examples run on this machine with `rlhf run`)."""
     checkpoint = validate(yaml.safe_load(path.read_text())).spec.checkpoint
     assert checkpoint.pvc, f"{path.name}: set checkpoint.pvc (a ReadWriteMany claim) and checkpoint.path"
 
