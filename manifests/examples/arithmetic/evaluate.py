@@ -42,17 +42,16 @@ def pair_logps(model, tokenizer) -> torch.Tensor:
 @torch.no_grad()
 def task_score(model, tokenizer, samples: int, seed: int) -> float:
     records = [json.loads(line) for line in (HERE / "eval.jsonl").read_text().splitlines()]
-    tokenizer.padding_side = "left"
+    prompts = [render_prompt(r["prompt"], tokenizer, apply_chat_template=True) for r in records]
+    tokenizer.padding_side = "left"  # every prompt's generation starts at the same position
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
-    rewards = []
-    for record in records:
-        prompt = render_prompt(record["prompt"], tokenizer, apply_chat_template=True)
-        inputs = tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
-        out = model.generate(**inputs, do_sample=True, temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=32,
-                             num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
-        completions = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        rewards += score([record["prompt"]] * samples, completions, [record["label"]] * samples)
+    out = model.generate(**inputs, do_sample=True, temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=32,
+                         num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    completions = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    rewards = score([r["prompt"] for r in records for _ in range(samples)], completions,
+                    [r["label"] for r in records for _ in range(samples)])
     return sum(rewards) / len(rewards)
 
 
@@ -67,7 +66,7 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     reference = None
     for name in filter(None, (args.base, args.trained)):
-        model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
         logps = pair_logps(model, tokenizer)
         reference = logps if reference is None else reference
         margin = args.beta * ((logps - reference) @ torch.tensor([1.0, -1.0]))
