@@ -211,5 +211,7 @@ def smollm2(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def smollm2_job(smollm2, tmp_path):
-    """The real model's example job (smollm2-grpo-cpu) in this test's directory: smollm2_job(**overrides) -> job file."""
-    return lambda **spec: write_toy_job(tmp_path, smollm2, EXAMPLES / "smollm2-grpo-cpu-job.yaml", "arithmetic", **spec)
+    """A real model's example job (smollm2-grpo-cpu, or the `example` named) in this test's directory:
+    smollm2_job(**overrides) -> job file."""
+    return lambda example="smollm2-grpo-cpu-job.yaml", **spec: write_toy_job(
+        tmp_path, smollm2, EXAMPLES / example, "arithmetic", **spec)

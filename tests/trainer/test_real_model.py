@@ -1,9 +1,11 @@
 """The real pretrained model (SmolLM2-135M-Instruct) through the whole trainer path: its example job
-(manifests/examples/smollm2-grpo-cpu-job.yaml) for two short steps on CPU."""
+(manifests/examples/smollm2-grpo-cpu-job.yaml) for two short steps on CPU, and its DPO example
+(smollm2-dpo-cpu-job.yaml) for two."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -29,3 +31,16 @@ def test_two_steps_of_the_real_model_s_example(smollm2_job, local_ray, tmp_path)
     # maxNewTokens: the instruct model answers a sum in a sentence.
     assert first["truncated_fraction"] < 0.5 and second["truncated_fraction"] < 0.5, (first, second)
     assert 0 < first["response_length"] < 48
+
+
+def test_two_steps_of_the_real_model_s_dpo_example(smollm2_job, local_ray, tmp_path):
+    job = smollm2_job("smollm2-dpo-cpu-job.yaml", **{"training.maxSteps": 2, "training.trainBatchSize": 8,
+                                                      "training.microTrainBatchSize": 4, "checkpoint.exportHf": False})
+    metrics_file = tmp_path / "out" / "metrics.jsonl"
+    assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
+    first, second = (json.loads(line) for line in metrics_file.read_text().splitlines())
+    assert {"reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"} <= first.keys()
+    # Step 1 scores the policy before its update, equal to the reference: no margin, loss log 2. Step 2
+    # scores new pairs after one update towards the bare correct sums: they already gain a margin.
+    assert abs(first["reward_margin"]) < 1e-3 and first["loss"] == pytest.approx(math.log(2), abs=1e-3), first
+    assert second["reward_margin"] > 0.01 and second["loss"] < first["loss"], (first, second)

@@ -1,10 +1,14 @@
-"""Writes train.jsonl and eval.jsonl: single-digit additions, the held-out set's pairs never in training.
+"""Writes train.jsonl and eval.jsonl: single-digit additions, the held-out set's pairs never in training;
+and train-pairs.jsonl and eval-pairs.jsonl, the same prompts as preference pairs (dpo): chosen the bare
+sum, rejected a wrong one, half of them off by one, half a rambling sentence ending on a wrong number
+(the base model's two failures: a near miss, and a preamble that runs past maxNewTokens).
 
     python manifests/examples/arithmetic/make_data.py   # deterministic; the files are checked in
 """
 
 import json
 import random
+import re
 from pathlib import Path
 
 TEMPLATES = (
@@ -13,10 +17,26 @@ TEMPLATES = (
     "{a} + {b} = ? Give only the result.",
     "Add {a} and {b}. Answer with a single number.",
 )
+RAMBLING = "To find the sum of {a} and {b}, we add the two numbers together. Adding them gives {a} + {b} = {wrong}."
 
 
 def records(pairs, templates):
     return [{"prompt": t.format(a=a, b=b), "label": str(a + b)} for a, b in pairs for t in templates]
+
+
+def preference_pairs(rows, rng):
+    """Each record as a pair: chosen its label, rejected a wrong sum (off by one, bare or after a preamble)."""
+    pairs = []
+    for row in rows:
+        a, b = map(int, re.findall(r"\d+", row["prompt"]))
+        wrong = a + b + rng.choice((-1, 1))
+        rejected = rng.choice((str(wrong), RAMBLING.format(a=a, b=b, wrong=wrong)))
+        pairs.append({"prompt": row["prompt"], "chosen": row["label"], "rejected": rejected})
+    return pairs
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 if __name__ == "__main__":
@@ -27,4 +47,5 @@ if __name__ == "__main__":
     here = Path(__file__).parent
     for name, rows in (("train", records(train, TEMPLATES)), ("eval", records(held_out, TEMPLATES))):
         rng.shuffle(rows)
-        (here / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        write(here / f"{name}.jsonl", rows)
+        write(here / f"{name}-pairs.jsonl", preference_pairs(rows, random.Random(name)))
