@@ -74,12 +74,19 @@ def install(kubectl: Callable[..., object], launch: Launcher, api: Api, files: S
 
 
 def wait_established(launch: Launcher, api: Api, names: Sequence[str]) -> None:
+    """Until every CRD is Established and each served version's resource answers a list: a CRD read
+    back Established from an etcd seed can still get 503 "Resource kind ... not found" for a moment,
+    until the API server's handler for it is up."""
     def established() -> bool:
         for name in names:
             status, crd = api.get_json(
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             if status != 200 or conditions(crd).get("Established") != "True":
                 return False
+            spec = crd["spec"]
+            for version in (v["name"] for v in spec["versions"] if v.get("served")):
+                if api.get_json(f"/apis/{spec['group']}/{version}/{spec['names']['plural']}?limit=1")[0] != 200:
+                    return False
         return True
 
-    launch.wait(established, 60, f"CRDs Established: {', '.join(names)}")
+    launch.wait(established, 60, f"CRDs Established and served: {', '.join(names)}")
