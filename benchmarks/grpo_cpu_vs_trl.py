@@ -14,8 +14,10 @@ two optimizer steps of TRL's. TRL generates with transformers `generate` (use_vl
 runs torch on one thread by default (--trl-threads), as Ray runs each of our training ranks.
 
 --model-shape runs another of rlhf_trainer.tiny.SHAPES (random weights, built offline, the same toy
-prompts and reward; results then in grpo_cpu_vs_trl_<shape>.json), and --set changes the job (its
-batch, lengths) on both sides: a realistic shape's step is too slow for the tiny job's batch.
+prompts and reward; results then in grpo_cpu_vs_trl_<shape>.json), or `smollm2`: the real pretrained
+SmolLM2-135M-Instruct on its example's task (manifests/examples/smollm2-grpo-cpu-job.yaml: sums,
+scored after training on held-out pairs by one scorer for both sides: Hugging Face greedy generate); --set changes the job (its batch, lengths) on both sides: a
+realistic shape's step is too slow for the tiny job's batch.
 
 Each side runs in a subprocess of its own, one after the other (never at the same time); a
 thread here samples the resident memory of that subprocess and all its descendants (Ray's
@@ -35,12 +37,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import (  # noqa: E402  (this directory's shared helpers)
+    ARITHMETIC,
+    EXAMPLES,
     OFFLINE_ENV,
-    TINY,
+    TOY,
     TreeMemory,
     cpu_model,
     git_commit,
@@ -49,7 +54,7 @@ from measure import (  # noqa: E402  (this directory's shared helpers)
     total_memory,
     versions,
 )
-from grpo_sides import child_ours, child_trl, workload  # noqa: E402
+from grpo_sides import child_ours, child_trl, final_model, held_out_score, workload  # noqa: E402
 from rlhf_trainer.tiny import SHAPES  # noqa: E402
 
 SIDES = ("ours", "trl")
@@ -58,17 +63,30 @@ SIDES = ("ours", "trl")
 # ----------------------------------------------------------------------------------- the job
 
 
-def prepare(work: Path, steps: int, shape: str, settings: list[str]) -> dict:
-    """The model and the job file (a copy of the example with absolute paths and `settings`, "dotted.key=YAML
-    value" each) in `work`."""
+# Each model is benchmarked on a task: the random tiny shapes on the toy letter task, the real
+# pretrained SmolLM2-135M-Instruct on single-digit additions with held-out pairs.
+MODELS = {**dict.fromkeys(SHAPES, TOY), "smollm2": ARITHMETIC}
+
+
+def prepare(work: Path, steps: int, model: str, settings: list[str]) -> dict:
+    """The model and the job file (a copy of the task's example with absolute paths and `settings`, "dotted.key=YAML
+    value" each) in `work`, and the task (task.json) the children read."""
     import yaml
 
-    from rlhf_trainer.tiny import build_tiny_model
+    task = MODELS[model]
+    if model == "smollm2":
+        from rlhf_trainer.pretrained import build_smollm2
 
-    model = build_tiny_model(work / "model", shape=shape)
-    shutil.copytree(TINY, work / "tiny", ignore=shutil.ignore_patterns("model"))
-    job = load_job(steps)
-    job["spec"]["models"]["actor"]["path"] = str(model)
+        model_dir = build_smollm2(work / "model")
+    else:
+        from rlhf_trainer.tiny import build_tiny_model
+
+        model_dir = build_tiny_model(work / "model", shape=model)
+    shutil.copytree(EXAMPLES / task.files, work / task.files, ignore=shutil.ignore_patterns("model"))
+    job = load_job(steps, task)
+    job["spec"]["models"]["actor"]["path"] = str(model_dir)
+    if task.held_out:  # both sides' final models are scored on it: ours exports its final model as TRL saves its own
+        job["spec"]["checkpoint"]["exportHf"] = True
     for setting in settings:
         dotted, _, value = setting.partition("=")
         *parents, leaf = dotted.split(".")
@@ -77,6 +95,7 @@ def prepare(work: Path, steps: int, shape: str, settings: list[str]) -> dict:
             node = node[key]
         node[leaf] = yaml.safe_load(value)
     (work / "job.yaml").write_text(yaml.safe_dump(job))
+    (work / "task.json").write_text(json.dumps(asdict(task)))
     return job
 
 
@@ -186,6 +205,7 @@ TABLE = [  # (label, key, format)
     ("peak PSS, process tree (MiB)", "peak_pss_mib", "{:.0f}"),
     ("mean reward, first step", "reward_first_step", "{:.3f}"),
     ("mean reward, last step", "reward_last_step", "{:.3f}"),
+    ("held-out score after training (greedy)", "held_out_score", "{:.3f}"),
 ]
 
 
@@ -223,7 +243,9 @@ def main() -> int:
     parser.add_argument("--trl-threads", type=int, default=1,
                         help="torch threads of the TRL process (default 1, what Ray gives each of our training ranks: "
                              "OMP_NUM_THREADS=1 for an actor of one CPU); 0 leaves torch's default (one per core)")
-    parser.add_argument("--model-shape", choices=SHAPES, default="tiny", help="the model's shape (default tiny)")
+    parser.add_argument("--model-shape", choices=MODELS, default="tiny",
+                        help="a random model of one of rlhf_trainer.tiny.SHAPES on the toy task, or smollm2: the real "
+                             "pretrained SmolLM2-135M-Instruct on its arithmetic task, scored on held-out prompts (default tiny)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="a job spec field for both sides, by dotted path (training.rolloutBatchSize=8); repeatable")
     parser.add_argument("--out", type=Path, help="results JSON (default results/grpo_cpu_vs_trl[_<shape>].json)")
@@ -244,6 +266,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     job = prepare(work, args.steps, args.model_shape, args.settings)
     print(f"work dir {work}; load average at start {load_start}", flush=True)
+    held_out = MODELS[args.model_shape].held_out is not None
+    baseline = held_out_score(work / "model", work) if held_out else None
+    if held_out:
+        print(f"held-out mean reward of the model before training: {baseline:.3f}", flush=True)
 
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     raw: list[dict] = []
@@ -265,6 +291,8 @@ def main() -> int:
                 args.keep = True  # its log stays in the work dir
                 continue
             summary = summarize(record, args.warmup)
+            if held_out:
+                summary["held_out_score"] = held_out_score(final_model(work, work / f"{side}-{index}.json"), work)
             runs[side].append(summary)
             raw.append({"repeat": index, "side": side, "load_average_before": record.get("load_before"),
                         "max_os_threads_by_process": record["threads"],
@@ -292,6 +320,7 @@ def main() -> int:
         "load_average_end": os.getloadavg(),
         "wall_seconds": time.time() - started,
         "workload": {"model_shape": args.model_shape, **workload(job)},
+        "held_out_score_before_training": baseline,
         "warmup_steps_excluded": args.warmup,
         "trl_threads": args.trl_threads or "torch default",
         "runs_per_side": {side: len(runs[side]) for side in SIDES},

@@ -3,9 +3,11 @@ our trainer through `rlhf run`, and TRL's GRPOTrainer on the same prompts, rewar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
+from types import ModuleType
 
 
 def workload(job: dict) -> dict:
@@ -28,6 +30,45 @@ def workload(job: dict) -> dict:
         "seed": training["seed"],
         "dtype": spec["models"]["actor"]["dtype"],
     }
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _reward_module(work: Path, task: dict) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("task_reward", work / task["files"] / "reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def final_model(work: Path, result: Path) -> Path:
+    """Where a run (named by its result file) leaves its trained model: ours' checkpoint.path/final, TRL's save."""
+    return work / f"{result.stem}-out" / "checkpoints" / "final"
+
+
+def held_out_score(model_dir: Path, work: Path) -> float:
+    """The share of the task's held-out prompts the model answers right, greedily (Hugging Face generate, the job's
+    maxNewTokens): one deterministic scorer for the base model and both sides' trained ones."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf_trainer.data import render_prompt
+
+    task = json.loads((work / "task.json").read_text())
+    w = workload(yaml.safe_load((work / "job.yaml").read_text()))
+    records = _records(work / task["files"] / task["held_out"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    inputs = tokenizer([render_prompt(r["prompt"], tokenizer, True) for r in records], return_tensors="pt",
+                       padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        output = model.generate(**inputs, do_sample=False, max_new_tokens=w["max_new_tokens"])
+    texts = tokenizer.batch_decode(output[:, inputs.input_ids.shape[1]:], skip_special_tokens=True)
+    scores = _reward_module(work, task).score([], texts, [r["label"] for r in records])
+    return sum(scores) / len(scores)
 
 
 # ------------------------------------------------------------------------------ child: ours
@@ -71,8 +112,6 @@ def child_ours(work: Path, result: Path) -> None:
 
 
 def child_trl(work: Path, result: Path) -> None:
-    import importlib.util
-
     import torch
     import yaml
     from datasets import Dataset
@@ -84,13 +123,12 @@ def child_trl(work: Path, result: Path) -> None:
     job = yaml.safe_load((work / "job.yaml").read_text())
     w = workload(job)
     model_path = job["spec"]["models"]["actor"]["path"]
-    spec = importlib.util.spec_from_file_location("toy_reward", work / "tiny" / "reward.py")
-    reward_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward_module)
+    task = json.loads((work / "task.json").read_text())
+    reward_module = _reward_module(work, task)
 
     # The prompts in the order our trainer draws them (PromptLoader, seed, epoch 0); TRL takes them
-    # in dataset order (shuffle_dataset=False), so step k sees the same 16 prompts on both sides.
-    records = [json.loads(line) for line in (work / "tiny" / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    # in dataset order (shuffle_dataset=False), so step k sees the same prompts on both sides.
+    records = _records(work / task["files"] / task["prompts"])
     loader = PromptLoader(records, w["prompts_per_step"], seed=w["seed"])
     ordered = [record for batch in loader for record in batch][: w["steps"] * w["prompts_per_step"]]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]}
@@ -99,7 +137,7 @@ def child_trl(work: Path, result: Path) -> None:
     record: dict = {"steps": [], "rewards": [], "generations": [], "rollouts": [], "optimizer_steps": []}
     kls: dict[int, float] = {}
 
-    def letter(prompts, completions, completion_ids, label, **_):
+    def reward(prompts, completions, completion_ids, label, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         scores = reward_module.score(prompts, texts, label)
         record["rewards"].append({"time": time.time(), "reward_mean": sum(scores) / len(scores),
@@ -136,7 +174,7 @@ def child_trl(work: Path, result: Path) -> None:
         use_vllm=False,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    trainer = GRPOTrainer(model=model_path, reward_funcs=letter, args=config, train_dataset=dataset,
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Timer()])
 
     generate = trainer.model.generate  # HF generate, as TRL calls it with use_vllm=False
@@ -159,6 +197,8 @@ def child_trl(work: Path, result: Path) -> None:
     trainer._generate_and_score_completions = timed_make_experience
     record["torch_threads"] = torch.get_num_threads()
     trainer.train()
+    if task["held_out"]:  # as ours exports its final model for the held-out score
+        trainer.save_model(str(final_model(work, result)))
     record["exit"] = time.time()
 
     ends = {s["global_step"]: s["time"] for s in record["optimizer_steps"]}

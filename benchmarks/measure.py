@@ -7,26 +7,41 @@ import os
 import platform
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE_JOB = REPO / "manifests" / "examples" / "tiny-grpo-cpu-job.yaml"
-TINY = REPO / "manifests" / "examples" / "tiny"
+EXAMPLES = REPO / "manifests" / "examples"
 RESULTS = REPO / "benchmarks" / "results"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
 
 
+@dataclass(frozen=True)
+class Task:
+    """An example job the benchmarks run, and the directory beside it that holds its prompts and reward.py."""
 
-def load_job(steps: int) -> dict:
-    """The example job, run for `steps` steps, checkpointing only at the end (as `rlhf run` always does)."""
+    job: str  # the example job file, in manifests/examples
+    files: str  # its directory of prompts and reward.py, beside it
+    prompts: str  # the training prompts' records in that directory
+    held_out: str | None = None  # prompts never trained on, scored before and after training
+
+
+TOY = Task("tiny-grpo-cpu-job.yaml", "tiny", "prompts.jsonl")  # the tiny random models' letter task
+ARITHMETIC = Task("smollm2-grpo-cpu-job.yaml", "arithmetic", "train.jsonl", "eval.jsonl")  # the real model's
+TINY = EXAMPLES / TOY.files
+
+
+def load_job(steps: int, task: Task = TOY) -> dict:
+    """The task's example job, run for `steps` steps, checkpointing only at the end (as `rlhf run` always does)."""
     import yaml
 
-    job = yaml.safe_load(EXAMPLE_JOB.read_text())
+    job = yaml.safe_load((EXAMPLES / task.job).read_text())
     spec = job["spec"]
     spec["training"].update(maxSteps=steps, episodes=1)
     spec["checkpoint"].update(path="checkpoints", intervalSteps=0)  # relative: under the run's output dir
     spec["checkpoint"]["exportHf"] = False
+    spec.pop("evaluation", None)  # the benchmark scores the held-out prompts itself, the same way for both sides
     return job
 
 

@@ -41,7 +41,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.measure import EXAMPLE_JOB, REPO, cpu_model, git_commit, total_memory  # noqa: E402
+from benchmarks.measure import EXAMPLES, REPO, TOY, cpu_model, git_commit, total_memory  # noqa: E402
 from e2e.controlplane import ControlPlane, apiserver  # noqa: E402
 from e2e.fixtures import wait_for  # noqa: E402
 from e2e.operator.conftest import OperatorProcess  # noqa: E402
@@ -180,7 +180,7 @@ def operator_counts(metrics: str) -> dict[str, float]:
 
 
 def burst_job(index: int) -> dict:
-    job = yaml.safe_load(EXAMPLE_JOB.read_text())
+    job = yaml.safe_load((EXAMPLES / TOY.job).read_text())
     job["metadata"] = {"name": f"job-{index:04d}", "namespace": NAMESPACE}
     return job
 
@@ -304,7 +304,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "processor": cpu_model(), "memory_gib": round(total_memory() / 2**30, 1)},
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),
-        "job": str(EXAMPLE_JOB.relative_to(REPO)),
+        "job": str((EXAMPLES / TOY.job).relative_to(REPO)),
         "operator_source": str(args.operator_source or REPO / "operator"),
         "summary_markdown": markdown(runs),
         "runs": runs,
