@@ -4,7 +4,6 @@ Python process (`python -m e2e.controlplane down`)."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -51,12 +50,11 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """preexec_fn: the child gets SIGKILL when the process that started it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# Runs argv with SIGKILL as its parent-death signal (PR_SET_PDEATHSIG, kept across exec): the
+# control plane dies with the test process. setpriv (util-linux, in every Debian) sets it after the
+# fork, where a preexec_fn would run Python in a child of a many-threaded process (the trainer tests'
+# Ray and torch threads): that child once aborted with "double free or corruption" before exec.
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -121,9 +119,8 @@ def spawn(name: str, argv: list[str], log: Path, *, cwd: Path, env: dict[str, st
     SIGKILL when this process dies."""
     with open(log, "ab") as out:
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=cwd, env=env, start_new_session=True,
-            preexec_fn=die_with_parent if with_parent else None,
+            DIE_WITH_PARENT + argv if with_parent else argv, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
         )
     return Process(name, popen.pid, proc_start_time(popen.pid), argv, log, popen)
 
