@@ -46,17 +46,29 @@ def _table(example: str, cluster: str, placement, routes) -> str:
         for r in routes])
 
 
-@pytest.mark.parametrize("cluster", CLUSTERS)
-@pytest.mark.parametrize("example", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
-def test_no_collective_group_has_two_ranks_on_one_device(example, cluster):
+def _fits(example: str, cluster: str):
+    """The example's placement on the cluster, or None when the cluster is too small for it (validation
+    or check_cluster refuses it there, telling the user so)."""
     nodes, gpus_per_node = CLUSTERS[cluster]
     try:
         job = _job(example, nodes, gpus_per_node)
         placement = plan_placement(job.spec, use_gpu=True)
-    except InvalidJob as refused:  # the job asks for more GPUs than the cluster has, and is told so
-        pytest.skip(f"{example} does not fit {cluster}: {refused}")
-    if placement.bundles > nodes * gpus_per_node:
-        pytest.skip(f"{example} needs {placement.bundles} GPUs, more than {cluster} (check_cluster refuses it)")
+    except InvalidJob:
+        return None
+    return (job, placement) if placement.bundles <= nodes * gpus_per_node else None
+
+
+ALL_EXAMPLES = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
+PLANS = [(example, cluster) for example in ALL_EXAMPLES for cluster in CLUSTERS if _fits(example, cluster)]
+
+
+def test_every_example_is_planned_on_a_cluster_it_fits():
+    assert sorted({example for example, _ in PLANS}) == ALL_EXAMPLES
+
+
+@pytest.mark.parametrize(("example", "cluster"), PLANS)
+def test_no_collective_group_has_two_ranks_on_one_device(example, cluster):
+    job, placement = _fits(example, cluster)
     online = ROLLOUT in placement.ranks and placement.ranks[ROLLOUT]  # an offline job syncs no weights
     routes = plan_transfer(placement.ranks, placement.engine_width) if online else []
     print(_table(example, cluster, placement, routes))
