@@ -249,9 +249,10 @@ class ControlPlane:
 
     def start_component(self, name: str) -> None:
         """Start a stopped etcd or kube-apiserver again on the same ports and data dir; return
-        once the API server answers /readyz (which needs etcd too)."""
+        once the API server answers /readyz (which needs etcd too) and serves the CRDs again."""
         {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}[name]()
         self.launcher.wait(self.api.ready, 120, "kube-apiserver /readyz")
+        crds.wait_established(self.launcher, self.api, self.crd_names)
 
     # ----------------------------------------------------------------- optional parts
     def _start_optional(self, name: str, target: str, start: Callable[[], None]) -> None:
