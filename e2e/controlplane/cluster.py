@@ -197,6 +197,7 @@ class ControlPlane:
                 self._phase("crds", lambda: self._crds_from_seed(etcd_seed) if etcd_seed
                             else self.install_all_crds())
                 self._phase("policies", lambda: policies.install(self.kubectl))
+                self._phase("admission", lambda: crds.wait_admission_ready(self.launcher, self.api, self.crd_names))
             if self.want_controller_manager:
                 self._phase("kube-controller-manager", lambda: components.wait_controller_manager(
                     self.launcher, ports["kube-controller-manager"], self.api))
@@ -249,10 +250,12 @@ class ControlPlane:
 
     def start_component(self, name: str) -> None:
         """Start a stopped etcd or kube-apiserver again on the same ports and data dir; return
-        once the API server answers /readyz (which needs etcd too) and serves the CRDs again."""
+        once the API server answers /readyz (which needs etcd too) and admits the CRDs' kinds again."""
         {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}[name]()
         self.launcher.wait(self.api.ready, 120, "kube-apiserver /readyz")
-        crds.wait_established(self.launcher, self.api, self.crd_names)
+        crds.wait_admission_ready(self.launcher, self.api, self.crd_names)
+        if "kube-controller-manager" in self.processes:
+            components.wait_controllers_watching(self.launcher, self.api)
 
     # ----------------------------------------------------------------- optional parts
     def _start_optional(self, name: str, target: str, start: Callable[[], None]) -> None:

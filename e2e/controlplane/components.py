@@ -3,6 +3,7 @@ and waited for after the CRDs are in, so that their start overlaps the CRD insta
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 from .apiserver import SERVICE_CIDR
@@ -48,6 +49,18 @@ def wait_controller_manager(launch: Launcher, port: int, api: Api) -> None:
     launch.wait(lambda: api.get_json(
         "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, 60,
         "ServiceAccount default/default (serviceaccount controller)")
+
+
+def wait_controllers_watching(launch: Launcher, api: Api) -> None:
+    """After an API server restart, until the controller manager's informers watch again: a new
+    namespace gets its default ServiceAccount. They come back after client-go's reflector backoff,
+    which grows with each failed attempt while the server is down (up to 30 s), so the tests after
+    a restart would otherwise race it."""
+    name = f"restart-probe-{secrets.token_hex(3)}"
+    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, ok=(201,))
+    launch.wait(lambda: api.get_json(f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] == 200,
+                120, f"ServiceAccount {name}/default (controller manager watching again)")
+    api.request("DELETE", f"/api/v1/namespaces/{name}", ok=(200, 202))
 
 
 def launch_scheduler(launch: Launcher, binary: Path, kubeconfig: Path, state_dir: Path,

@@ -74,19 +74,35 @@ def install(kubectl: Callable[..., object], launch: Launcher, api: Api, files: S
 
 
 def wait_established(launch: Launcher, api: Api, names: Sequence[str]) -> None:
-    """Until every CRD is Established and each served version's resource answers a list: a CRD read
-    back Established from an etcd seed can still get 503 "Resource kind ... not found" for a moment,
-    until the API server's handler for it is up."""
     def established() -> bool:
         for name in names:
             status, crd = api.get_json(
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             if status != 200 or conditions(crd).get("Established") != "True":
                 return False
-            spec = crd["spec"]
-            for version in (v["name"] for v in spec["versions"] if v.get("served")):
-                if api.get_json(f"/apis/{spec['group']}/{version}/{spec['names']['plural']}?limit=1")[0] != 200:
-                    return False
         return True
 
-    launch.wait(established, 60, f"CRDs Established and served: {', '.join(names)}")
+    launch.wait(established, 60, f"CRDs Established: {', '.join(names)}")
+
+
+def wait_admission_ready(launch: Launcher, api: Api, names: Sequence[str]) -> None:
+    """Until a dry-run create of each CRD's kind gets past mutating admission. The API server's
+    MutatingAdmissionPolicy plugin learns a CRD's schema by polling /openapi/v3 every 5 s; until
+    it has, every create a policy matches is refused with 503 "Resource kind ... not found",
+    whatever the policy's failurePolicy (apiserver's policy/mutating/dispatcher.go). That window
+    opens at every API server start, so it is waited out after a start or a restart, once the
+    policies are in. Any other answer (201, 422 for the bare object) means admission is through."""
+    probes = []  # (dry-run create path, bare object) per served version
+    for name in names:
+        spec = api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")[1]["spec"]
+        scope = "/namespaces/default" if spec["scope"] == "Namespaced" else ""
+        for version in (v["name"] for v in spec["versions"] if v.get("served")):
+            probes.append((
+                f"/apis/{spec['group']}/{version}{scope}/{spec['names']['plural']}?dryRun=All",
+                {"apiVersion": f"{spec['group']}/{version}", "kind": spec["names"]["kind"],
+                 "metadata": {"name": "admission-probe"}}))
+
+    def admitted() -> bool:
+        return all(api.request("POST", path, body, ok=())[0] not in (0, 503) for path, body in probes)
+
+    launch.wait(admitted, 60, f"dry-run creates of {', '.join(names)} past mutating admission")
