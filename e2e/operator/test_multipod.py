@@ -143,6 +143,10 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     ips = {kind: {pod.status.pod_ip for pod in pods} for kind, pods in seen.items()}
     assert len(set().union(*ips.values())) == 4  # each pod its own IP
     assert all(pod.spec.node_name == pod_runtime.node for pods in seen.values() for pod in pods)
+    # `rlhf logs -f`, as a user follows the run: pods/log through the API server to this node's kubelet.
+    follower = subprocess.Popen([sys.executable, "-m", "rlhf_operator.cli", "logs", "multipod", "-n", namespace, "-f"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=control_plane.env(dict(os.environ)))
 
     job = wait_end(kube, namespace, "multipod", pod_runtime, started)
     ray_state.done.set()
@@ -154,6 +158,12 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     rayjob = kube.get("RayJob", namespace, status["rayJobName"])
     assert rayjob["status"]["jobStatus"] == "SUCCEEDED"  # written by KubeRay from the dashboard
     assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
+    # The follow ended by itself with the submitter's container; what it streamed is the trainer's log.
+    followed, errors = follower.communicate(timeout=120)
+    assert follower.returncode == 0, errors
+    [submitter] = seen["submitter"]
+    assert f"==> pod {submitter.metadata.name} " in followed
+    assert f"step {STEPS}: checkpoint saved to {CHECKPOINTS}/step-{STEPS:08d}" in followed, followed[-3000:]
 
     # Ray's own view, node by node: every model group rank and the engine on a worker pod, none on the head.
     placed = {}

@@ -1,9 +1,9 @@
 """`rlhf status|logs|tensorboard JOB` as a user runs them (a subprocess with a kubeconfig), against the
 test world's API server.
 
-pods/log: the API server asks the pod's kubelet for the log; kwok's nodes have none (their addresses
-are not served), so here `rlhf logs` is tested up to that seam: it finds the trainer's pod, asks
-pods/log for it, and says what the API server answered."""
+pods/log: the API server asks the pod's kubelet for the log; kwok's nodes have none, so here `rlhf logs`
+is tested up to that seam (it finds the trainer's pod, asks pods/log for it, and says what the API server
+answered); test_multipod.py follows a real run's log through the pod runtime's kubelet."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ that exits is restarted unless the pod's restartPolicy says otherwise. A pod bei
 processes stopped (its container's preStop exec hook run first, then SIGTERM, SIGKILL once the
 deletion's grace period has passed) and is then deleted with grace period 0, as the kubelet
 confirms a deletion.
-A pod's processes are all those in its network namespace (Ray's may leave the container's session);
+Its log endpoint (logs.py) serves `kubectl logs`. A pod's processes are all those in its network namespace (Ray's may leave the container's session);
 peak_rss records the most each pod's process tree held, sampled every half second.
 
 Not played: images (processes.py), GPUs and other devices, resource enforcement (Ray sees CPU and
@@ -35,6 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.pods import network, processes, users, volumes
+from e2e.pods.logs import LogServer
 
 NODE_LABEL = "rlhf.dev/pod-runtime"
 NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
@@ -63,10 +64,12 @@ class Kubelet:
         self.peak_rss: dict[str, int] = {}  # pod name -> the most its process tree held
         self.stopping = threading.Event()
         self.errors: list[str] = []
+        self.logs: LogServer | None = None
 
     def start(self) -> Kubelet:
         self.root.mkdir(parents=True, exist_ok=True)
         self.network.up()
+        self.logs = LogServer(self.find, self.ca.parent, network.GATEWAY, self.node).start()
         self._register()
         for loop in (self._heartbeats, self._sync):
             threading.Thread(target=loop, daemon=True, name=f"kubelet-{loop.__name__}").start()
@@ -83,14 +86,18 @@ class Kubelet:
             self.core.delete_node(self.node)
         except ApiException:
             pass
+        if self.logs is not None:
+            self.logs.stop()
         self.network.down()
         if self.cluster_hosts is not None:
             network.write_in_place(self.cluster_hosts, self.base_hosts)
 
+    def find(self, namespace: str, name: str) -> Pod | None:
+        return next((p for p in list(self.pods.values()) if (p.namespace, p.name) == (namespace, name)), None)
+
     def kill(self, namespace: str, name: str) -> None:
         """SIGKILL a pod's container, as an OOM kill or a crash would: the kubelet restarts it per restartPolicy."""
-        pod = next(p for p in self.pods.values() if (p.namespace, p.name) == (namespace, name))
-        pod.sweep()
+        self.find(namespace, name).sweep()
 
     # ------------------------------------------------------------------------------------ the Node
 
@@ -103,6 +110,7 @@ class Kubelet:
                 "status": {"capacity": resources, "allocatable": resources,
                            "addresses": [{"type": "InternalIP", "address": network.GATEWAY},
                                          {"type": "Hostname", "address": self.node}],
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs.port}},
                            "conditions": [self._ready()]}}
         try:
             self.core.delete_node(self.node)  # a crashed run's
@@ -189,6 +197,7 @@ class Pod:
         self.ip = ""
         self.process = None
         self.deleting = threading.Event()
+        self.ended = threading.Event()  # its containers have exited for good (a followed log ends)
         self.grace = float(self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
         # The running container's user and environment: its exec probes and hooks run as it.
         self.who: users.Identity | None = None
@@ -240,6 +249,7 @@ class Pod:
             if self.process is not None:
                 processes.stop(self.process, grace=5)
             self.sweep()
+            self.ended.set()
             self.deleting.wait()  # a finished pod stays until it is deleted
             self.kubelet.network.detach(self.netns, self.ip)
             try:
