@@ -28,6 +28,7 @@ import yaml
 
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job
+from e2e.operator.test_usage import requested
 from e2e.operator.tiny import reward_config_map, tiny_job
 from e2e.pods.kubelet import NODE_LABEL
 from e2e.pods.volumes import bind_script, container_mounts, make_sub_paths, make_volumes, memory_tmpfs
@@ -179,6 +180,21 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
         assert ray_state.nodes[ip]["CPU"] == 2 and ray_state.nodes[ip]["memory"] == 5 * 2**30, ray_state.nodes
     # The checkpoint every pod wrote to is on the one shared claim.
     assert (checkpoints / "multipod" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
+
+    # status.usage: one attempt, the head and both workers with the CPUs they requested, each closed once
+    # KubeRay deleted the cluster after the job (the submitter pod is not the Ray cluster's).
+    ray_pods = {pod.metadata.name: kube_api.api_client.sanitize_for_serialization(pod)
+                for pod in seen["head"] + seen["worker"]}
+    usage = wait_for(lambda: (u := get_job(kube, namespace, "multipod")["status"].get("usage") or {}).get("attempts")
+                     and all(p.get("endTime") for p in u["attempts"][0]["pods"]) and u, 300,
+                     "every Ray pod's end in status.usage")
+    [attempt] = usage["attempts"]
+    assert attempt["rayClusterName"] == rayjob["status"]["rayClusterName"]
+    assert {p["name"]: p["cpus"] for p in attempt["pods"]} == {
+        name: requested(pod, "cpu") for name, pod in ray_pods.items()}
+    assert usage["gpuSeconds"] == 0 and usage["cpuSeconds"] > 0
+    print(f"usage: {usage['cpuSeconds']} CPU-seconds over "
+          f"{ {p['name']: (p['cpus'], p['startTime'], p['endTime']) for p in attempt['pods']} }")
 
     # One job, two places, one answer: the job file the trainer read in the cluster, run by `rlhf run` on
     # one local Ray node, reports the same reward, loss and KL at every step.
