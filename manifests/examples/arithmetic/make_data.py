@@ -1,7 +1,8 @@
 """Writes train.jsonl and eval.jsonl: single-digit additions, the held-out set's pairs never in training;
-and train-pairs.jsonl and eval-pairs.jsonl, the same prompts as preference pairs (dpo): chosen the bare
-sum, rejected a wrong one, half of them off by one, half a rambling sentence ending on a wrong number
-(the base model's two failures: a near miss, and a preamble that runs past maxNewTokens).
+and train-pairs.jsonl and eval-pairs.jsonl, the same prompts as preference pairs (dpo): chosen the sum
+as the equation the base model writes ("7 + 5 = 12"), rejected the equation off by one, half of them
+after a rambling sentence (the base model's two failures: a near miss, and a preamble that runs past
+maxNewTokens). A bare-number chosen taught brevity instead of sums: the held-out score fell.
 
     python manifests/examples/arithmetic/make_data.py   # deterministic; the files are checked in
 """
@@ -17,6 +18,7 @@ TEMPLATES = (
     "{a} + {b} = ? Give only the result.",
     "Add {a} and {b}. Answer with a single number.",
 )
+EQUATION = "{a} + {b} = {sum}"
 RAMBLING = "To find the sum of {a} and {b}, we add the two numbers together. Adding them gives {a} + {b} = {wrong}."
 
 
@@ -25,13 +27,13 @@ def records(pairs, templates):
 
 
 def preference_pairs(rows, rng):
-    """Each record as a pair: chosen its label, rejected a wrong sum (off by one, bare or after a preamble)."""
+    """Each record as a pair: chosen the equation with its sum, rejected with a sum off by one (bare or after a preamble)."""
     pairs = []
     for row in rows:
         a, b = map(int, re.findall(r"\d+", row["prompt"]))
         wrong = a + b + rng.choice((-1, 1))
-        rejected = rng.choice((str(wrong), RAMBLING.format(a=a, b=b, wrong=wrong)))
-        pairs.append({"prompt": row["prompt"], "chosen": row["label"], "rejected": rejected})
+        rejected = rng.choice((EQUATION.format(a=a, b=b, sum=wrong), RAMBLING.format(a=a, b=b, wrong=wrong)))
+        pairs.append({"prompt": row["prompt"], "chosen": EQUATION.format(a=a, b=b, sum=a + b), "rejected": rejected})
     return pairs
 
 
