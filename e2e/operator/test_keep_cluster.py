@@ -4,7 +4,9 @@ v1.6, not switched off by the test world's KubeRay start) keep the RayCluster of
 for the seconds asked, or until the RLHFJob is deleted.
 
 The runs fail at startup, which is quick and needs no Ray: their pods ask for a node no node has, and
-startupDeadlineSeconds (KubeRay's preRunningDeadlineSeconds) fails the RayJob.
+startupDeadlineSeconds (KubeRay's preRunningDeadlineSeconds) fails the RayJob. The deadline leaves KubeRay
+time to create the cluster first (it counts from a start time truncated to the second: at 1 s, a busy
+KubeRay failed a RayJob before creating its cluster, and there was nothing to keep).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from rlhf_operator.kube import Kube
 NOWHERE = {"e2e.rlhf.dev/no-such-node": "true"}
 TIMEOUT = 120  # KubeRay, kwok and the operator share two busy cores
 KEEP_SECONDS = 5
+STARTUP_DEADLINE = 20  # seconds
 
 
 def failing_job(name: str, **spec: Any) -> dict[str, Any]:
-    return rlhf_job(name, startupDeadlineSeconds=1, resources={"nodeSelector": NOWHERE}, **spec)
+    return rlhf_job(name, startupDeadlineSeconds=STARTUP_DEADLINE, resources={"nodeSelector": NOWHERE}, **spec)
 
 
 def ray_cluster(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
@@ -38,6 +41,9 @@ def test_a_failed_run_keeps_its_cluster_as_long_as_asked(kube, namespace, kubera
     jobs = {"dropped": None, "kept": {}, "kept-a-while": {"seconds": KEEP_SECONDS}}
     for name, keep in jobs.items():
         create_job(kube, namespace, failing_job(name, **({} if keep is None else {"keepFailedCluster": keep})))
+    for name in jobs:  # each run has its cluster before its deadline fails it
+        wait_for(lambda: ray_cluster(kube, namespace, (kube.get("RayJob", namespace, names.ray_job(name)) or {})
+                                     .get("status", {}).get("rayClusterName", "-")), TIMEOUT, f"{name}'s RayCluster")
     failed = {name: wait_phase(kube, namespace, name, "Failed", "PreRunningDeadlineExceeded", TIMEOUT)["status"]
               for name in jobs}
     clusters = {name: status["rayClusterName"] for name, status in failed.items()}

@@ -142,29 +142,41 @@ class RayNodes:
         self.workers: dict[str, subprocess.Popen] = {}  # node id -> its `ray start`
         self.started = 0
         # One at a time: nodes starting together in one session directory race for its socket names.
-        for cpus in cpus_per_worker:
-            self.add_worker(cpus)
+        try:
+            for cpus in cpus_per_worker:
+                self.add_worker(cpus)
+        except BaseException:
+            self.stop()  # else this process stays connected, and every later ray.init fails
+            raise
 
-    def add_worker(self, cpus: int) -> str:
-        """Start a worker node (as KubeRay starts a worker pod) and return its node id once it has joined."""
+    def add_worker(self, cpus: int, attempts: int = 3) -> str:
+        """Start a worker node (as KubeRay starts a worker pod) and return its node id once it has joined.
+        A `ray start` that exits first is started again, as the kubelet restarts a worker pod's container:
+        its raylet gives up registering with the head after a fixed 30 s (Ray's node.py), which a loaded
+        machine can exceed."""
         start = ["ray", "start", f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--block",
                  "--disable-usage-stats"]
         script = f"mount -t tmpfs tmpfs {shlex.quote(str(self.local))} && exec {shlex.join(start)}"
-        log = self.root / f"worker-{self.started}.log"
-        self.started += 1
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        for attempt in range(1, attempts + 1):
+            log = self.root / f"worker-{self.started}.log"
+            self.started += 1
+            with open(log, "wb") as out:
+                process = subprocess.Popen(
+                    ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
-        def joined() -> set[str]:
-            assert process.poll() is None, log.read_text()[-3000:]
-            return set(self.worker_nodes()) - self.workers.keys()
+            def joined() -> set[str] | str:
+                if process.poll() is not None:
+                    return "exited"
+                return set(self.worker_nodes()) - self.workers.keys()
 
-        [node] = wait_for(joined, 120, f"the worker node of {log} to join the head")
-        self.workers[node] = process
-        return node
+            found = wait_for(joined, 120, f"the worker node of {log} to join the head")
+            if found != "exited":
+                [node] = found
+                self.workers[node] = process
+                return node
+            assert attempt < attempts, f"`ray start` exited {attempts} times; the last:\n{log.read_text()[-3000:]}"
 
     def worker_nodes(self) -> list[str]:
         import ray
