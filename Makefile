@@ -12,11 +12,8 @@ demo: setup  ## train the tiny GRPO example on CPU: build a tiny model offline, 
 	rm -rf /tmp/rlhf/tiny-grpo-cpu runs/tiny-grpo-cpu  # checkpoint.path and outputs: a rerun would resume from the end
 	$(VENV)/bin/rlhf run manifests/examples/tiny-grpo-cpu-job.yaml
 
-CACHE := $(or $(RLHF_CACHE),$(HOME)/.cache/rlhf-operator)
-test:  ## run the whole suite; the local control plane builds in the background while Python installs
-	@mkdir -p $(CACHE) && echo "control plane build (if needed) in the background: $(CACHE)/build.log" >&2
-	@e2e/build/build.sh all > $(CACHE)/build.log 2>&1 & \
-	  bash requirements/install.sh >&2 && $(PY) -m pytest; status=$$?; wait; exit $$status
+test:  ## run the whole suite (tests/run.sh: installs, builds the control plane beside the first tests, pytest -n 4)
+	tests/run.sh
 
 crd: setup  ## regenerate crds/ from the API models
 	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml
@@ -27,15 +24,29 @@ generate: crd  ## regenerate every generated file from the API models and the al
 	$(VENV)/bin/rlhf defaults-policy > helm/rlhf-operator/files/algorithm-defaults-policy.yaml
 	$(MAKE) manifests
 
-.PHONY: control-plane dev-cluster-up dev-cluster-down
+.PHONY: images
+images: setup  ## build the operator and CPU trainer images from their Dockerfiles with buildah (installs it with apt when missing; cached)
+	$(PY) -m e2e.images
+
+.PHONY: control-plane dev-cluster-up dev-cluster-kwok-up dev-cluster-down
 control-plane:  ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, KubeRay and helm (cached)
 	e2e/build/build.sh
 
-dev-cluster-up: setup  ## start a local control plane with kwok GPU nodes and KubeRay, and print the KUBECONFIG export
+dev-cluster-up: setup  ## a local cluster that trains: control plane, KubeRay, a node running pods from the built images, the chart's operator; prints the KUBECONFIG export (needs root)
+	@$(PY) -m e2e.pods.devcluster
+
+dev-cluster-kwok-up: setup  ## a local control plane with kwok's fake GPU nodes and KubeRay (no pod runs); prints the KUBECONFIG export
 	@$(PY) -m e2e.controlplane up
 
 dev-cluster-down:  ## stop it
 	$(PY) -m e2e.controlplane down
+
+.PHONY: docs docs-build
+docs: setup  ## serve the documentation site at http://127.0.0.1:8000 (mkdocs serve; reloads on edits)
+	$(VENV)/bin/mkdocs serve
+
+docs-build: setup  ## build the documentation site into site/, failing on a broken link or missing page
+	$(VENV)/bin/mkdocs build --strict
 
 .PHONY: manifests
 manifests:  ## render the Helm chart into manifests/install.yaml

@@ -82,9 +82,9 @@ def prompts_and_sampling(model_path: str) -> tuple[list[list[int]], dict]:
 
 
 def child_vllm(model_path: str, new_tokens: list[int], warmup: int, calls: int) -> dict:
-    from rlhf_trainer.workers.rollout import CPU_ENV
+    from rlhf_trainer.workers.rollout import engine_env
 
-    os.environ.update(CPU_ENV)  # as Ray's runtime_env sets it for the engine actor, before vLLM is imported
+    os.environ.update(engine_env(use_gpu=False))  # as Ray's runtime_env sets it for the engine actor, before vLLM is imported
     from rlhf_api.v1alpha1 import RolloutSpec
     from rlhf_trainer.workers.rollout import RolloutEngine
 

@@ -15,6 +15,9 @@
 - ``kube_api``: typed clients (core, apps, batch, rbac, custom objects, apiextensions).
 - ``kubeconfig``: the kubeconfig path, also exported as KUBECONFIG for the session.
 - ``namespace``: a fresh namespace per test (with its default ServiceAccount), deleted after.
+- ``operator_image``, ``trainer_image`` (session): the names of the images built from
+  operator/Dockerfile and trainer_image/Dockerfile (DEVICE=cpu) by e2e/images, which start building
+  at collection, beside the tests that need neither; ``base_image``: their FROM image.
 
 Environment: RLHF_CACHE (where binaries, etcd seeds and run dirs live; default
 ~/.cache/rlhf-operator), RLHF_E2E_KEEP=1 keeps the run dir (logs, etcd data) even when every
@@ -27,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import subprocess
 import time
 import uuid
 import warnings
@@ -35,11 +39,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from e2e import images
 from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
 from e2e.controlplane import queues as kueue_objects
 
 _STARTED: list[ControlPlane] = []
 _built: concurrent.futures.Future | None = None  # the control plane's build, when it runs beside the first tests
+_images_built: concurrent.futures.Future | None = None  # the images' build, likewise
+_IMAGE_FIXTURES = {"base_image", "operator_image", "trainer_image"}
+_image_log: list[str] = []  # what the images' build did (reported at the end, never asserted)
 NEEDS_BUILD = "needs_build"  # the marker of tests that run binaries of e2e/build/build.sh without the control plane
 
 
@@ -89,7 +97,9 @@ def kuberay_operator(control_plane: ControlPlane, kwok_nodes: list[str]) -> Cont
 
 
 @pytest.fixture(scope="module")
-def pod_runtime(kuberay_operator: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def pod_runtime(kuberay_operator: ControlPlane, base_image: str,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """base_image: the image store its containers come from, set up (e2e/pods/rootfs.py)."""
     from e2e.pods.kubelet import Kubelet
 
     cp = kuberay_operator
@@ -138,6 +148,31 @@ def kueue_queues(kueue: ControlPlane,
     yield make
     for local, cluster in made:
         kueue_objects.delete_queues(kueue.api, namespace, local, cluster)
+
+
+def _built_images() -> None:
+    """Wait for the build started at collection. A failed one is reported and left to the fixture's own
+    build to try again (a download that failed once; the fixture's build raises if it fails too)."""
+    if _images_built is not None and (error := _images_built.exception()) is not None:
+        _image_log.append(f"the images' first build failed ({type(error).__name__}: {error}); building again")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    _built_images()
+    return images.base(_image_log.append)
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> str:
+    _built_images()
+    return images.build(images.OPERATOR, _image_log.append)
+
+
+@pytest.fixture(scope="session")
+def trainer_image() -> str:
+    _built_images()
+    return images.build(images.TRAINER_CPU, _image_log.append)
 
 
 @pytest.fixture(scope="session")
@@ -222,17 +257,13 @@ def pytest_configure(config: pytest.Config) -> None:
                             "ordered after the tests that need no build, and waits for it outside its timeout")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that need the build run last (a stable sort), so on a fresh machine as many tests
-    as possible run while it builds."""
-    items.sort(key=needs_build)
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build missing control-plane binaries before the first test that needs them: a first build
     takes many minutes and must not count against a test's timeout."""
     if session.config.option.collectonly:
         return
+    if any(needs_images(item) for item in session.items):
+        _start_images_build()
     if not any(needs_build(item) for item in session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -254,6 +285,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     builder.shutdown(wait=False)
 
 
+def _start_images_build() -> None:
+    """Both images build in a thread, beside the tests that need neither them nor the control plane
+    (their pip steps mostly wait on downloads; a cold build takes many minutes, outside any test's
+    timeout). pytest_runtest_protocol waits for it before the first test that needs an image."""
+    global _images_built
+
+    def build_both() -> None:
+        images.build(images.OPERATOR, _image_log.append)
+        images.build(images.TRAINER_CPU, _image_log.append)
+
+    builder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="e2e-images")
+    _images_built = builder.submit(build_both)
+    builder.shutdown(wait=False)
+
+
+def needs_images(item: pytest.Item) -> bool:
+    return bool(_IMAGE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def builds_current() -> bool:
+    """Every binary of the control plane there and both images built (if not from this checkout: a change
+    to the sources rebuilds only the images' last layers, in about a minute): a warm machine, where no
+    test waits long for a build."""
+    binaries = Binaries.default()
+    if not all(path.exists() for target in BUILD_TARGETS for path in binaries.outputs(target)):
+        return False
+    try:
+        return all(images.image_id(image.name) for image in (images.OPERATOR, images.TRAINER_CPU))
+    except (OSError, subprocess.SubprocessError):  # no buildah yet
+        return False
+
+
 def needs_build(item: pytest.Item) -> bool:
     """The test uses the control plane, or a binary of build.sh (marked NEEDS_BUILD)."""
     return "control_plane" in getattr(item, "fixturenames", ()) or item.get_closest_marker(NEEDS_BUILD) is not None
@@ -263,16 +326,21 @@ def needs_build(item: pytest.Item) -> bool:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Wait for a build still running before the first test that needs it, outside that test's
     timeout (pytest-timeout's own wrapper starts the clock inside this one)."""
-    if _built is not None and not _built.done() and needs_build(item):
-        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("[e2e build] waiting for the control plane's build")
-        concurrent.futures.wait([_built])
+    for build, needed, line in ((_built, needs_build, "[e2e build] waiting for the control plane's build"),
+                                (_images_built, needs_images, "[e2e images] waiting for the images' build")):
+        if build is not None and not build.done() and needed(item):
+            reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(line)
+            concurrent.futures.wait([build])
     yield
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Report how long the control plane took to come up (measured, never asserted)."""
+    """Report how long the control plane took to come up and what the images' build did (measured,
+    never asserted)."""
+    for line in _image_log:
+        terminalreporter.write_line(f"[e2e images] {line}")
     for cp in _STARTED:
         t = cp.timings
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in t.items() if k != "start_total")

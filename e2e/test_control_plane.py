@@ -316,3 +316,17 @@ def test_only_init_and_cli_import_the_facade() -> None:
     package = Path(e2e.controlplane.__file__).parent
     importers = sorted(f.name for f in package.glob("*.py") if "cluster" in _imported_modules(f))
     assert importers == ["__init__.py", "cli.py"]
+
+
+def test_free_ports_are_outside_the_kernels_ephemeral_range_and_apart_per_worker(monkeypatch):
+    """A port drawn from the ephemeral range can become an outgoing connection's source port before
+    the process it was chosen for binds it (a Ray dashboard failed so under CI's load)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    drawn = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        drawn[worker] = e2e.controlplane.free_ports(20)
+        assert len(set(drawn[worker])) == 20
+        assert not any(low <= port <= high for port in drawn[worker]), drawn[worker]
+    assert max(drawn["gw0"]) < min(drawn["gw1"])

@@ -126,6 +126,20 @@ def test_loss_aggregation_defaults_to_the_algorithm_s(algorithm, given, resolved
     assert "lossAggregation" not in openapi()["properties"]["spec"]["properties"]["training"]["default"]
 
 
+@pytest.mark.parametrize("example,given,resolved", [
+    ("reinforce++-job.yaml", None, 0.9),  # training.colocation actor-reference: the engines' GPUs are their own
+    ("grpo-job.yaml", None, 0.5),  # colocation all: the hybrid engine shares its GPUs with training
+    ("reinforce++-job.yaml", 0.7, 0.7),
+])
+def test_engine_memory_defaults_to_vllm_s_unless_the_gpus_are_shared(example, given, resolved):
+    """Engines on GPUs of their own took half of them (the field's former default, 0.5): the KV cache
+    vLLM could have had, halved."""
+    manifest = yaml.safe_load((ROOT / "manifests/examples" / example).read_text())
+    if given:
+        manifest["spec"]["rollout"]["gpuMemoryUtilization"] = given
+    assert validate(manifest).spec.engine_memory_utilization == resolved
+
+
 def test_there_are_many_distinct_invalid_specs():
     assert len(INVALID) >= 15
     assert len({expectation(p, "expect") for p in INVALID}) == len(INVALID)
@@ -137,6 +151,13 @@ def test_invalid_spec_is_refused_naming_the_field_and_the_fix(path: Path):
         validate(yaml.safe_load(path.read_text()))
     messages = [str(e) for e in refused.value.errors]
     assert any(expectation(path, "expect") in m for m in messages), messages
+
+
+def test_flash_attention_is_accepted_with_an_image_of_the_job_s_own():
+    """Refused with the default image (tests/specs/invalid/38), which has no flash-attn."""
+    doc = yaml.safe_load((ROOT / "tests/specs/invalid/38-flash-attention-without-an-image.yaml").read_text())
+    doc["spec"]["resources"] = {"image": "registry.example/trainer-flash-attn:1"}
+    assert validate(doc).spec.models.actor.attn_implementation == "flash_attention_2"
 
 
 def test_cli_validate_exit_status_and_output(capsys):

@@ -10,7 +10,7 @@
 #   promtool promtool, to check and unit-test alerting rules          (github.com/prometheus/prometheus)
 #   prometheus-operator-crds  its CRD YAMLs (ServiceMonitor, PodMonitor, PrometheusRule...), no binary
 #
-# Usage: e2e/build/build.sh [all|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths]...
+# Usage: e2e/build/build.sh [all|control-plane|tools|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths]...
 # (default: all)
 #
 # Versions are pinned in versions.env (also read by e2e/controlplane/). Binaries land in
@@ -33,16 +33,17 @@ GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 [[ -x $GO ]] || { echo "build.sh: no Go toolchain (looked for go on PATH and /usr/local/go/bin/go)" >&2; exit 1; }
 # Never download another toolchain; static binaries; no VCS stamping from the repo checkout.
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
-NICE=${NICE:-nice -n 10}
+NICE=${NICE-nice -n 10}  # niced unless NICE is set (empty: normal priority, as tests/run.sh runs it)
 
 log() { echo "build.sh: $*" >&2; }
 
 sha() { sha256sum | cut -c1-16; }
 
-# Key of a step: its arguments (name, version, flags), the Go version and the content of every
-# argument that is a file (go.mod, go.sum, main.go).
+# Key of a step: its arguments (name, version, flags; files by their path in the checkout, so that every
+# clone shares the cached binaries), the Go version and the content of every argument that is a file
+# (go.mod, go.sum, main.go).
 step_key() {
-  { echo "$@"; "$GO" env GOVERSION; local f; for f in "$@"; do if [[ -f $f ]]; then cat "$f"; fi; done; } | sha
+  { echo "${@#"$HERE"/}"; "$GO" env GOVERSION; local f; for f in "$@"; do if [[ -f $f ]]; then cat "$f"; fi; done; } | sha
 }
 
 # up_to_date DIR KEY FILE...: the stamp matches and every output file is there.
@@ -51,6 +52,12 @@ up_to_date() {
   [[ -f $dir/.stamp && "$(cat "$dir/.stamp")" == "$key" ]] || return 1
   local b; for b in "$@"; do [[ -e $dir/$b ]] || return 1; done
 }
+
+# lock_step NAME: one build of a step at a time per cache. Sessions that ask for the same step wait for
+# it (and then find it cached) instead of racing; one that needs only the steps already built is not
+# held up by a build of others (the suite's control plane starts while helm and promtool still build).
+# The lock is fd 9's: taking the next step's releases this one.
+lock_step() { exec 9> "$BIN/.build-$1.lock"; flock 9; }
 
 # finish NAME TMP DIR KEY START: move a fresh build into place and record its time.
 finish() {
@@ -81,6 +88,7 @@ wrapper_mod_dir() { # wrapper module -> the module's directory in the module cac
 }
 
 build_kube() {
+  lock_step kube
   local v=$KUBERNETES_VERSION dir=$BIN/kubernetes-$KUBERNETES_VERSION
   require_pinned kube k8s.io/kubernetes "$v"
   local mm=${v#v}; local major=${mm%%.*} rest=${mm#*.}; local minor=${rest%%.*}
@@ -111,6 +119,7 @@ build_kube() {
 }
 
 build_etcd() {
+  lock_step etcd
   local v=$ETCD_VERSION dir=$BIN/etcd-$ETCD_VERSION
   require_pinned etcd go.etcd.io/etcd/server/v3 "$v"
   local ld="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$v"
@@ -133,6 +142,7 @@ go_install() { # tmp ldflags pkg@version
 }
 
 build_kwok() {
+  lock_step kwok
   local v=$KWOK_VERSION dir=$BIN/kwok-$KWOK_VERSION
   local ld="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}"
   local key; key=$(step_key kwok "$v" "$ld")
@@ -153,6 +163,7 @@ build_kwok() {
 }
 
 build_kuberay() {
+  lock_step kuberay
   local v=$KUBERAY_VERSION dir=$BIN/kuberay-$KUBERAY_VERSION
   require_pinned kuberay github.com/ray-project/kuberay/ray-operator "$v"
   local ld="-s -w"
@@ -171,6 +182,7 @@ build_kuberay() {
 }
 
 build_kueue() {
+  lock_step kueue
   local v=$KUEUE_VERSION dir=$BIN/kueue-$KUEUE_VERSION
   require_pinned kueue sigs.k8s.io/kueue "$v"
   local ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-$v"
@@ -191,6 +203,7 @@ build_kueue() {
 }
 
 build_helm() {
+  lock_step helm
   local v=$HELM_VERSION dir=$BIN/helm-$HELM_VERSION
   local mm=${KUBERNETES_VERSION#v}; local major=${mm%%.*} rest=${mm#*.}; local minor=${rest%%.*}
   local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$v -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
@@ -206,6 +219,7 @@ build_helm() {
 }
 
 build_promtool() {
+  lock_step promtool
   local v=$PROMETHEUS_VERSION dir=$BIN/promtool-$PROMETHEUS_VERSION
   local mm=${v#v0.}; local release="3.$(( ${mm%%.*} - 300 )).${mm#*.}"  # module v0.316.0 is Prometheus 3.16.0
   local ld="-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Revision=module-$v"
@@ -226,6 +240,7 @@ build_promtool() {
 # The monitoring.coreos.com CRDs, as the prometheus-operator module ships them (no build: the
 # test control plane only has to know the kinds the chart renders).
 build_prometheus-operator-crds() {
+  lock_step prometheus-operator-crds
   local v=$PROMETHEUS_OPERATOR_VERSION dir=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION
   local key; key=$(step_key prometheus-operator-crds "$v")
   if up_to_date "$dir" "$key" crds/monitoring.coreos.com_podmonitors.yaml; then
@@ -260,17 +275,16 @@ EOF
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(all)
 if [[ ${targets[*]} == paths ]]; then print_paths; exit 0; fi
 
-# One build at a time per cache (parallel test sessions wait here instead of racing).
-exec 9> "$BIN/.build.lock"
-flock 9
 
 t0=$(date +%s.%N)
 for t in "${targets[@]}"; do
   case $t in
     all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue; build_helm; build_promtool; build_prometheus-operator-crds ;;
+    control-plane) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue ;;  # binaries.BUILD_TARGETS
+    tools) build_helm; build_promtool; build_prometheus-operator-crds ;;  # what only some tests run
     kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds) "build_$t" ;;
     paths) print_paths ;;
-    *) log "unknown target $t (all|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths)"; exit 2 ;;
+    *) log "unknown target $t (all|control-plane|tools|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths)"; exit 2 ;;
   esac
 done
 log "done in $(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")s"

@@ -31,8 +31,12 @@ from .state import load_state, save_state
 RESTARTABLE = ("etcd", "kube-apiserver")
 # Run dirs kept after failed sessions (under <cache>/e2e-runs), newest first.
 RUNS_KEPT = 8
-# Order of stopping: dependents first.
+# The dev cluster's kubelet (`python -m e2e.pods`), started beside the control plane by e2e/pods/devcluster.py.
+POD_RUNTIME = "pod-runtime"
+# Order of stopping: dependents first; the pod runtime stops its pods through the API server, each within
+# its grace period (30 s by default), so it gets longer than SIGTERM's usual 10 s.
 STOP_ORDER = (
+    POD_RUNTIME,
     "kueue",
     "kuberay-operator",
     "kwok",
@@ -225,7 +229,7 @@ class ControlPlane:
         names = [n for n in STOP_ORDER if n in self.processes]
         names += [n for n in self.processes if n not in names]
         for name in names:
-            self.processes[name].stop()
+            self.processes[name].stop(60.0 if name == POD_RUNTIME else 10.0)
         self.processes.clear()
         if keep_state:
             self.log(f"kept state and logs in {self.state_dir}")

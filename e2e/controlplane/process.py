@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,18 +20,32 @@ from typing import Any
 from .errors import ControlPlaneError
 
 
+# Listening ports are drawn from below Linux's ephemeral range (32768-60999), where the kernel takes
+# the source port of every outgoing connection: a port found free there was, under load, taken by one
+# of Ray's connections before the process it was chosen for could bind it. Ray's workers listen on
+# 10002-19999 (its min/max_worker_port), so the range starts above them.
+PORT_RANGE = range(20000, 32768)
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all held open at once so none repeats)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Distinct loopback ports that were free a moment ago, outside the ephemeral range. Each pytest-xdist
+    worker draws from its own slice of PORT_RANGE, so two workers never choose the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    width = len(PORT_RANGE) // workers
+    start = PORT_RANGE.start + int(worker) * width
+    candidates = random.sample(range(start, start + width), width)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise ControlPlaneError(f"fewer than {count} free ports in {start}-{start + width - 1}")
 
 
 def proc_start_time(pid: int) -> int | None:

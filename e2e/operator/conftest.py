@@ -73,9 +73,13 @@ class OperatorProcess:
                     raise
         raise AssertionError(f"operator: its ports were taken {PORT_ATTEMPTS} times (log {self.log})")
 
-    def healthy(self) -> bool:
+    def alive(self) -> None:
+        """Raises with the exit code and the log's tail when the process has ended."""
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+
+    def healthy(self) -> bool:
+        self.alive()
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
                 return response.status == 200
@@ -83,6 +87,7 @@ class OperatorProcess:
             return False
 
     def metrics(self) -> str:
+        self.alive()
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return response.read().decode()
 

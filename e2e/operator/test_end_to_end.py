@@ -22,6 +22,8 @@ from e2e.operator.tiny import reward_config_map, run_head, tiny_job
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
 
+pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.py)
+
 STEPS = 3
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the checkpoint claim
 

@@ -1,5 +1,5 @@
 """A job as the cluster runs it: KubeRay's own pods (a head, two CPU workers, the submitter), each
-played for real by the pod runtime (e2e/pods), KubeRay not paused.
+played for real by the pod runtime (e2e/pods) from the trainer image the suite built, KubeRay not paused.
 
 KubeRay creates the RayCluster, its pods and head Service and the submitter Job; the Job controller
 creates the submitter pod; the runtime runs each pod in its own network and mount namespace as uid
@@ -25,15 +25,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client
 
+from e2e.controlplane.binaries import built
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job
 from e2e.operator.test_usage import requested
-from e2e.operator.tiny import reward_config_map, tiny_job
+from e2e.operator.tiny import EXAMPLE, reward_config_map, tiny_job
+from e2e.pods.devcluster import RELEASE, helm_install
 from e2e.pods.kubelet import NODE_LABEL
 from e2e.pods.volumes import bind_script, container_mounts, make_sub_paths, make_volumes, memory_tmpfs
 from e2e.storage import local_claim, sub_path
 from rlhf_api import contract
+from rlhf_api.contract import model_mount
 from rlhf_api import v1alpha1 as api
 from tests.trainer.run_probes import newest
 
@@ -87,18 +91,21 @@ class RayState:
 
 
 def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
-              node: str, interval: int = INTERVAL, **spec) -> Path:
-    """The tiny GRPO job on a head and two CPU worker pods of the runtime's `node`: the model and the
-    checkpoints on claims of that node that every pod mounts; returns the checkpoint volume's directory."""
+              node: str, image: str | None, interval: int = INTERVAL, **spec) -> Path:
+    """The tiny GRPO job on a head and two CPU worker pods of the runtime's `node`, from `image` (None: the
+    operator's trainer image): the model and the prompts on a claim of that node, the checkpoints on another, which every
+    pod mounts; returns the checkpoint volume's directory."""
     models = local_claim(core, namespace, "models", tmp_path / "models-volume", node=node)
     shutil.copytree(tiny_model, models / "tiny")
+    shutil.copytree(EXAMPLE.parent / "tiny", models / "data")
     checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", node=node)
     job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
                         checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
     manifest = yaml.safe_load(job_file.read_text())
+    manifest["spec"]["data"]["prompts"]["sources"][0]["path"] = f"{model_mount('actor')}/data/prompts.jsonl"
     manifest["spec"]["resources"] = {
-        "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
+        **({"image": image} if image else {}), "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
         "shmSize": "1Gi", "nodeSelector": {NODE_LABEL: "true"},
         "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}
     manifest["spec"].update(spec)
@@ -122,12 +129,13 @@ def wait_end(kube, namespace: str, name: str, pod_runtime, started: float) -> di
 
 @pytest.mark.timeout(1500)
 def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
-        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path):
     core = kube_api.core
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS, pod_runtime.node)
+    checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "multipod", STEPS, pod_runtime.node,
+                            trainer_image)
 
     # Every pod KubeRay and the Job controller create runs here: head, two workers, the submitter.
     def pods_by_kind() -> dict[str, list]:
@@ -234,15 +242,15 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 @pytest.mark.timeout(1500)
 def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
-        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path):
     """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
     fails, KubeRay retries on a new cluster and the run resumes from the checkpoint on the shared claim."""
     core, steps, interval = kube_api.core, 20, 4  # a tiny step takes about half a second: room to kill mid-run
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
-    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, pod_runtime.node, interval,
-                        backoffLimit=1) / "podkill"
+    run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, pod_runtime.node,
+                        trainer_image, interval, backoffLimit=1) / "podkill"
     victim_ip = wait_for(lambda: next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"),
                                       None), 600, "Ray to place a ModelWorker")
     victim = next(pod for pod in core.list_namespaced_pod(namespace, label_selector="ray.io/node-type=worker").items
@@ -277,14 +285,14 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     ("/checkpoints", "cannot be written: Permission denied"),  # not even that: uid 1000 cannot create it
 ])
 def test_without_a_checkpoint_claim_the_job_fails_before_any_model_loads(
-        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path, path, says):
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path, path, says):
     """Model groups on worker pods and checkpoint.path on no claim: the job fails with the trainer's
     reason, saying to set checkpoint.pvc, before any model loads; never a checkpoint split over pods."""
     operator.start()
     started = time.monotonic()
     ray_state = RayState(kube_api.core, namespace)
     apply_job(control_plane, kube_api.core, namespace, tmp_path, tiny_model, "nopvc", STEPS, pod_runtime.node,
-              checkpoint={"path": path, "intervalSteps": INTERVAL})
+              trainer_image, checkpoint={"path": path, "intervalSteps": INTERVAL})
     job = wait_end(kube, namespace, "nopvc", pod_runtime, started)
     ray_state.done.set()
     assert job["status"]["phase"] == "Failed", job["status"]
@@ -296,7 +304,7 @@ def test_without_a_checkpoint_claim_the_job_fails_before_any_model_loads(
 
 @pytest.mark.timeout(1500)
 def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
-        control_plane, kube, kube_api, namespace, operator, pod_runtime, tiny_model, tmp_path):
+        control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path):
     """spec.suspend mid-run: KubeRay deletes the cluster without stopping the Ray job (its own comment
     leaves that to a preStop hook). The head's preStop hook sends the driver SIGTERM; it finishes the
     step under way and checkpoints it while the workers' `ray start` drain (they keep the actors the
@@ -306,7 +314,7 @@ def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
     operator.start()
     started = time.monotonic()
     run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "suspend", steps, pod_runtime.node,
-                        interval=0) / "suspend"
+                        trainer_image, interval=0) / "suspend"
     wait_for(lambda: len(steps_logged(run_dir)) >= 3, 600, "three steps logged", interval=0.05, max_interval=0.1)
     kube.patch(api.KIND, namespace, "suspend", {"spec": {"suspend": True}})
     wait_for(lambda: get_job(kube, namespace, "suspend").get("status", {}).get("phase") == "Suspended", 600,
@@ -322,3 +330,51 @@ def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
     print(f"pod runtime suspend: suspended after step {saved} of {steps}; resumed from its checkpoint")
+
+
+def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_leader_s_death(
+        control_plane, kube, kube_api, namespace, pod_runtime, operator_image, trainer_image, tiny_model, tmp_path):
+    """`helm install` of the chart with the operator image the suite built, two replicas on the runtime's
+    node, and the built trainer image as the chart's trainerImage: the leader pod is SIGKILLed once it
+    has created the job's RayJob, the standby takes the Lease over and the job, which names no image,
+    ends Succeeded with one RayJob."""
+    release_namespace = f"{namespace}-op"  # the operator's own namespace, as a cluster would have it
+    helm_install(control_plane, operator_image, trainer_image, release_namespace, {
+        "watchNamespaces": [namespace], "replicas": 2,
+        # The chart's lease and renew deadline (15 s, 10 s: a 3 s deadline was missed under load), a quicker retry.
+        "leaderElection": {"enabled": True, "retryPeriod": 1},
+        "nodeSelector": {NODE_LABEL: "true"},
+        "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}, tmp_path / "values.yaml")
+    helm = [built("helm", "HELM"), "--kubeconfig", str(control_plane.kubeconfig), "-n", release_namespace]
+    try:
+        core = kube_api.core
+        operators = wait_for(lambda: (pods := [p for p in core.list_namespaced_pod(
+            release_namespace, label_selector="app.kubernetes.io/name=rlhf-operator").items
+            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]) and len(pods) == 2
+            and pods, 300, "both operator pods Ready")
+        assert {p.spec.containers[0].image for p in operators} == {operator_image}
+        started = time.monotonic()
+        apply_job(control_plane, core, namespace, tmp_path, tiny_model, "chart", STEPS, pod_runtime.node, None)
+        # Killed once the leader has created the job's RayJob: the standby takes over while the Ray cluster
+        # starts, and reconciles the job from there to its end (the tiny job runs in well under a minute).
+        wait_for(lambda: get_job(kube, namespace, "chart").get("status", {}).get("rayJobName"), 600,
+                 "the leader to create the job's RayJob")
+        leader = lease_holder(kube_api, release_namespace)
+        pod_runtime.kill(release_namespace, leader)
+        standby = next(p.metadata.name for p in operators if p.metadata.name != leader)
+        wait_for(lambda: lease_holder(kube_api, release_namespace) == standby, 120, f"{standby} to take the Lease over")
+        job = wait_end(kube, namespace, "chart", pod_runtime, started)
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        rayjobs = kube.list("RayJob", namespace, "")
+        assert len(rayjobs) == 1 and rayjobs[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
+            "containers"][0]["image"] == trainer_image
+    finally:
+        subprocess.run([*helm, "uninstall", RELEASE, "--wait"], capture_output=True)
+        kube_api.core.delete_namespace(release_namespace)
+
+
+def lease_holder(kube_api, namespace: str) -> str:
+    """The pod that leads: the Lease (named after the release) holds the pod's name and a suffix
+    (rlhf_operator/leader.py)."""
+    lease = client.CoordinationV1Api(kube_api.core.api_client).read_namespaced_lease(RELEASE, namespace)
+    return (lease.spec.holder_identity or "").rsplit("_", 1)[0]

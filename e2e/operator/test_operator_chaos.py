@@ -13,7 +13,7 @@ happen while no operator runs. Then the invariants are checked with the operator
 - deleted jobs are gone with their children, and no child is left without its job.
 
 Finally the wave's jobs are all deleted, with more kills. The seed is printed (RLHF_CHAOS_SEED
-replays a run); the last line is the summary the README quotes.
+replays a run); the last line is the summary docs/concepts/reliability.md quotes.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_ray_cluster_pods_run_on_the_matching_gpu_nodes(kube, namespace, kuberay
     worker_env = env_of(worker_container)
     assert (worker_env["NCCL_IB_HCA"], worker_env["NCCL_IB_GID_INDEX"]) == ("mlx5_0", "3")
     assert worker_env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
-    assert worker_container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert worker_container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert worker_container["securityContext"]["allowPrivilegeEscalation"] is False
 
     volumes = {v["name"]: v for v in worker["spec"]["volumes"]}

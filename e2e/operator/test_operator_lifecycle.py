@@ -115,9 +115,13 @@ def test_suspend_and_resume_go_through_the_ray_job(kube, namespace, operator, ku
     wait_phase(kube, namespace, "tiny", "Suspended", "Suspending")
     ray_job.suspending()
     ray_job.suspended()
-    suspended = wait_phase(kube, namespace, "tiny", "Suspended", "Suspended")
+    wait_phase(kube, namespace, "tiny", "Suspended", "Suspended")
+    # The status records the suspension's generation once the reconcile that suspended the RayJob writes it
+    # (a RayJob event may bring the phase first): waited for, not read at once.
+    suspended = wait_for(lambda: (job := get_job(kube, namespace, "tiny"))["status"].get("observedGeneration")
+                         == job["metadata"]["generation"] and job, 60, "observedGeneration to reach the suspension")
+    assert suspended["status"]["phase"] == "Suspended"
     assert {c["type"] for c in suspended["status"]["conditions"] if c["status"] == "True"} == {"Suspended"}
-    assert suspended["status"]["observedGeneration"] == suspended["metadata"]["generation"]
     assert "rayClusterName" not in suspended["status"]
 
     kube.patch(api.KIND, namespace, "tiny", {"spec": {"suspend": False}})

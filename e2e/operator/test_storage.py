@@ -18,6 +18,8 @@ from e2e.operator.tiny import reward_config_map, run_head, tiny_job
 from e2e.pods.head import HeadPod
 from e2e.storage import STORAGE_CLASS, VolumeNotReady, local_claim
 
+pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.py)
+
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the shared claim
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from kubernetes import watch
 from urllib3.exceptions import ProtocolError
@@ -26,6 +27,8 @@ from e2e.pods.head import HeadPod
 from e2e.storage import local_claim
 from rlhf_api import v1alpha1 as api
 from tests.trainer.run_probes import newest, ray_actor_pids
+
+pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.py)
 
 STEPS, INTERVAL = 8, 2
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the checkpoint claim

@@ -42,6 +42,7 @@ import yaml
 from e2e.controlplane import ControlPlane, free_ports
 from e2e.operator.kuberay import RayJobStatus, random_suffix
 from e2e.pods import processes, volumes
+from rlhf_api import contract
 from rlhf_operator.kube import Kube
 
 # What a pod sees of this process's environment: what the "image" (this machine and its virtualenv)
@@ -51,6 +52,25 @@ IMAGE_ENV = frozenset({"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"}
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
+
+def host_network_ports(env: dict[str, str]) -> dict[str, str]:
+    """The pod's fixed ports (the trainer's metrics port) moved to free ones: a pod has its own network
+    namespace, this head shares this machine's with every other head the suite's workers start."""
+    return {contract.METRICS_PORT_ENV: str(free_ports(1)[0])} if contract.METRICS_PORT_ENV in env else {}
+
+
+def ray_head_command(cpus: int, temp_dir: Path) -> tuple[list[str], int]:
+    """`ray start --head --block` with its job API, and the dashboard's port. Every port Ray would otherwise
+    take at its fixed default (8265, 52365 ...) is chosen free: a pod has its own network namespace, this
+    machine does not, and two heads on one default port leave one without a job agent."""
+    names = ["port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port",
+             "ray-client-server-port"]
+    ports = dict(zip(names, free_ports(len(names))))
+    command = ["ray", "start", "--head", "--block", f"--num-cpus={cpus}", "--num-gpus=0", "--include-dashboard=true",
+               "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+               *(f"--{name}={port}" for name, port in ports.items())]
+    return command, ports["dashboard-port"]
 
 class HeadPod:
     def __init__(self, control_plane: ControlPlane, kube: Kube, core: Any, namespace: str, rayjob_name: str):
@@ -77,8 +97,9 @@ class HeadPod:
         fields = {"metadata.namespace": self.namespace, "metadata.name": f"{self.name}-head",
                   "spec.serviceAccountName": self.pod.get("serviceAccountName", "default")}
         env = processes.resolve_env(self.container, fields, self._data,
-                                    {k: v for k, v in os.environ.items() if k in IMAGE_ENV})
+                                    {"LANG": "C.UTF-8", **{k: v for k, v in os.environ.items() if k in IMAGE_ENV}})
         port = self.cp.ports["kube-apiserver"]
+        env.update(host_network_ports(env))
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port),
                    RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
                    PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
@@ -106,16 +127,7 @@ class HeadPod:
                                               self.cp.pki / "ca.crt", self.root / "serviceaccount")
         mounts = volumes.container_mounts(self.container, made, token)
         tmpfs = volumes.memory_tmpfs(made)
-        # Every port Ray would otherwise take at its fixed default is chosen free: a pod has its own
-        # network namespace, this machine does not.
-        names = ["port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                 "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port",
-                 "ray-client-server-port"]
-        ports = dict(zip(names, free_ports(len(names))))
-        self.dashboard_port = ports["dashboard-port"]
-        ray = ["ray", "start", "--head", "--block", f"--num-cpus={self._cluster_cpus()}", "--num-gpus=0",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={self.root / 'ray'}",
-               "--disable-usage-stats", *(f"--{name}={port}" for name, port in ports.items())]
+        ray, self.dashboard_port = ray_head_command(self._cluster_cpus(), self.root / "ray")
         script = f"set -e\n{volumes.bind_script(mounts, tmpfs)}exec {shlex.join(ray)}\n"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],

@@ -14,7 +14,9 @@ confirms a deletion.
 Its log endpoint (logs.py) serves `kubectl logs`. A pod's processes are all those in its network namespace (Ray's may leave the container's session);
 peak_rss records the most each pod's process tree held, sampled every half second.
 
-Not played: images (processes.py), GPUs and other devices, resource enforcement (Ray sees CPU and
+Each container runs in a writable copy of its image's filesystem (rootfs.py), from the suite's
+image store; an image that store lacks fails the pod (ErrImageNeverPull). Not played: pulling
+images, GPUs and other devices, resource enforcement (Ray sees CPU and
 memory as KubeRay writes them into `ray start`), liveness probes, sidecar and multi-container pods
 (such a pod fails), a hard open-files limit above this machine's.
 """
@@ -34,13 +36,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.pods import network, processes, users, volumes
+from e2e.pods import network, processes, rootfs, users, volumes
 from e2e.pods.logs import LogServer
 
 NODE_LABEL = "rlhf.dev/pod-runtime"
 NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 LEASE_SECONDS = 40
 DEFAULT_GRACE_SECONDS = 30  # a pod's terminationGracePeriodSeconds when it sets none
+POD_PREFIX = "pod-"  # of each pod's network namespace and its containers' writable layers
 PRESTOP_EXTRA_GRACE_SECONDS = 2  # the kubelet's: SIGTERM still gets this long after a hook that used up the grace
 
 
@@ -50,14 +53,16 @@ def now(micro: bool = False) -> str:
 
 class Kubelet:
     def __init__(self, api_client: Any, api_port: int, ca: Path, root: Path, cluster_hosts: Path | None = None,
-                 node: str = "pod-runtime-0", cpu: str = "16", memory: str = "64Gi"):
-        """cluster_hosts: the hosts file of processes outside the pods (KubeRay's), kept with every Service's name."""
+                 node: str = "pod-runtime-0", cpu: str = "16", memory: str = "64Gi", tainted: bool = True):
+        """cluster_hosts: the hosts file of processes outside the pods (KubeRay's), kept with every Service's name.
+        tainted: only pods that tolerate NODE_TAINT land here (beside kwok's nodes); the dev cluster's only
+        node is not."""
         self.api = api_client
         self.cluster_hosts = cluster_hosts
         self.base_hosts = cluster_hosts.read_text() if cluster_hosts is not None else ""
         self.cluster_text = None
         self.core, self.discovery = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
-        self.ca, self.root, self.node, self.cpu, self.memory = ca, root, node, cpu, memory
+        self.ca, self.root, self.node, self.cpu, self.memory, self.tainted = ca, root, node, cpu, memory, tainted
         self.network = network.PodNetwork(api_port)
         self.pods: dict[str, Pod] = {}  # by uid
         self.hosts: dict[str, network.HostsFile] = {}  # by namespace
@@ -68,6 +73,7 @@ class Kubelet:
 
     def start(self) -> Kubelet:
         self.root.mkdir(parents=True, exist_ok=True)
+        rootfs.remove_stale(POD_PREFIX)
         self.network.up()
         self.logs = LogServer(self.find, self.ca.parent, network.GATEWAY, self.node).start()
         self._register()
@@ -106,7 +112,7 @@ class Kubelet:
         body = {"metadata": {"name": self.node, "labels": {
                     NODE_LABEL: "true", "kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64"}},
-                "spec": {"taints": [NODE_TAINT]},
+                "spec": {"taints": [NODE_TAINT] if self.tainted else []},
                 "status": {"capacity": resources, "allocatable": resources,
                            "addresses": [{"type": "InternalIP", "address": network.GATEWAY},
                                          {"type": "Hostname", "address": self.node}],
@@ -193,7 +199,7 @@ class Pod:
         self.kubelet, self.pod, self.spec = kubelet, pod, pod["spec"]
         self.name, self.namespace, self.uid = pod["metadata"]["name"], pod["metadata"]["namespace"], pod["metadata"]["uid"]
         self.root = kubelet.root / "pods" / self.uid
-        self.netns = f"pod-{self.uid[:13]}"
+        self.netns = f"{POD_PREFIX}{self.uid[:13]}"  # also its containers' names (rootfs.py)
         self.ip = ""
         self.process = None
         self.deleting = threading.Event()
@@ -201,6 +207,7 @@ class Pod:
         self.grace = float(self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
         # The running container's user and environment: its exec probes and hooks run as it.
         self.who: users.Identity | None = None
+        self.rootfs: rootfs.Rootfs | None = None
         self.env: dict[str, str] = {}
         self.log = self.root / "container.log"
         self.restarts = 0
@@ -244,11 +251,13 @@ class Pod:
                 self._run(self.spec["containers"][0], made)
         except Exception as error:  # noqa: BLE001 - the pod fails as a kubelet would report it
             self.kubelet.errors.append(f"pod {self.name}: {error!r}")
-            self._write({"phase": "Failed", "reason": "RuntimeError", "message": str(error)[:2000]})
+            self._write({"phase": "Failed", "reason": getattr(error, "reason", "RuntimeError"),
+                         "message": str(error)[:2000]})
         finally:
             if self.process is not None:
                 processes.stop(self.process, grace=5)
             self.sweep()
+            self._remove_rootfs()
             self.ended.set()
             self.deleting.wait()  # a finished pod stays until it is deleted
             self.kubelet.network.detach(self.netns, self.ip)
@@ -258,7 +267,6 @@ class Pod:
                 if error.status != 404:
                     raise
             self.kubelet.pods.pop(self.uid, None)
-            shutil.rmtree(self.root / "tmp", ignore_errors=True)
 
     def _volumes(self) -> dict[str, volumes.Volume] | None:
         """The pod's volumes, waited for while a claim is not Bound (the pod stays Pending)."""
@@ -280,27 +288,37 @@ class Pod:
         return made
 
     def _launch(self, container: dict[str, Any], made: dict[str, volumes.Volume]) -> None:
-        self.who = who = users.identity(self.spec, container)
-        home = users.home(self.root, who)
+        self._remove_rootfs()
+        self.rootfs = rootfs.Rootfs(container["image"], f"{self.netns}-{container['name']}")
+        image = self.rootfs.config
+        self.who = who = users.identity(self.spec, container, self.rootfs.user(image.user))
         hosts = self.kubelet._hosts(self.namespace).path
         resolv = self.root / "resolv.conf"
         resolv.write_text(network.resolv_conf(self.namespace))
         volumes.make_sub_paths(container, made)
-        mounts = [mount._replace(target=processes.tmp_target(self.root, mount.target))
-                  for mount in volumes.container_mounts(container, made, None)]
-        script = (processes.image_script(self.root, hosts, resolv, home) + volumes.bind_script(mounts, volumes.memory_tmpfs(made))
-                  + processes.tmp_script(self.root))
+        mounts = volumes.container_mounts(container, made, None)
+        read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem", False)
+        script = (processes.root_script(self.rootfs.path, hosts, resolv)
+                  + volumes.bind_script(mounts, volumes.memory_tmpfs(made), root=self.rootfs.path)
+                  + (processes.read_only_root(self.rootfs.path) if read_only else ""))
         self.env = env = processes.resolve_env(
             container, processes.pod_fields(self.pod, self.ip, network.GATEWAY),
             lambda kind, name: volumes.data(self.kubelet.core, self.namespace, kind, name),
-            {"HOSTNAME": self.name, "KUBERNETES_SERVICE_HOST": network.KUBERNETES_SERVICE[0],
+            {"HOME": self.rootfs.home(who.uid), **image.env, "HOSTNAME": self.name,
+             "KUBERNETES_SERVICE_HOST": network.KUBERNETES_SERVICE[0],
              "KUBERNETES_SERVICE_PORT": str(network.KUBERNETES_SERVICE[1])})
-        argv = [processes.expand(word, env) for word in [*container.get("command", []), *container.get("args", [])]]
+        argv = [processes.expand(word, env) for word in rootfs.command(container, image)]
         with open(self.log, "a") as log:
-            log.write(f"--- {container['name']} as {who.uid}:{who.gid} {who.groups} (pod securityContext "
-                      f"{self.spec.get('securityContext')}): {argv}\n")
-        self.process = processes.launch(self.netns, self.name, script, who, argv,
-                                        container.get("workingDir", processes.IMAGE_HOME), env, self.log)
+            log.write(f"--- {container['name']} ({container['image']}) as {who.uid}:{who.gid} {who.groups} "
+                      f"(pod securityContext {self.spec.get('securityContext')}): {argv}\n")
+        self.process = processes.launch(self.netns, self.name, script, who, argv, self.rootfs.path,
+                                        container.get("workingDir", image.workdir), env, self.log)
+
+    def _remove_rootfs(self) -> None:
+        """The last container's writable layer: a container that restarts starts from its image again."""
+        if self.rootfs is not None:
+            self.rootfs.remove()
+            self.rootfs = None
 
     def _init_containers(self, made: dict[str, volumes.Volume]) -> bool:
         for container in self.spec.get("initContainers", []):
@@ -373,8 +391,10 @@ class Pod:
             return processes.exec_in(self.process.pid, self.who, probe["exec"]["command"], self.env, timeout) == 0
         if "httpGet" in probe:
             get = probe["httpGet"]
+            port = next((p["containerPort"] for p in self.spec["containers"][0].get("ports", [])
+                         if p.get("name") == get["port"]), get["port"])  # a port may be named
             try:
-                with urllib.request.urlopen(f"http://{self.ip}:{get['port']}{get.get('path', '/')}",
+                with urllib.request.urlopen(f"http://{self.ip}:{port}{get.get('path', '/')}",
                                             timeout=timeout) as response:
                     return 200 <= response.status < 400
             except OSError:

@@ -23,6 +23,8 @@ One runtime per machine at a time: the bridge, its subnet and 10.96.0.1:443 are 
 
 from __future__ import annotations
 
+import contextlib
+
 import ipaddress
 import socket
 import subprocess
@@ -73,6 +75,10 @@ class PodNetwork:
     def down(self) -> None:
         for sock in (self.listener, self.dns):
             if sock is not None:
+                # shutdown first: a socket closed while a thread waits in accept() or recvfrom() on it stays
+                # bound (10.96.0.1:443 then refused the next runtime of this process: the dev cluster's).
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 

@@ -1,16 +1,13 @@
-"""A container as a process tree: the "image", its environment, its command, its namespaces.
+"""A container as a process tree: its root, its environment, its command, its namespaces.
 
-The image is this machine's filesystem with the project's virtualenv in place of the trainer image's
-/opt/venv. Inside the container's mount namespace:
-- /root is an empty tmpfs with only the virtualenv, its base Python and the project's checkout bound
-  back at their paths (scripts' shebangs name them): uid 1000 can read them, and nothing else of
-  root's home is seen; those in /tmp are bound back into the pod's own /tmp;
-- /etc/profile is the image's (Ubuntu's leaves PATH alone; this machine's Debian one resets it,
-  and KubeRay runs every command in `bash -l`);
-- /etc/hosts and /etc/resolv.conf are the pod network's (network.py), /tmp the pod's own, HOME the user's;
-- then the pod's volumes (volumes.bind_script), and the command runs as the pod's user (setpriv).
+The container's root is its image's filesystem (rootfs.py). Inside the container's mount namespace,
+before the root changes to it (`root_script`): /proc, /sys and /dev of this machine (so a process
+sees itself and the devices, as under a runtime), a /dev/shm of its own, the pod network's
+/etc/hosts and /etc/resolv.conf (network.py), then the pod's volumes (volumes.bind_script). Then
+the command runs in the root, in its working directory, as the container's user (setpriv, the
+image's own), with no capabilities and no new privileges.
 
-Each container is the leader of its own session: stopped by process group, never by `ray stop`.
+Each container is the leader of its own session: stopped as a runtime stops one (`stop`), never by `ray stop`.
 """
 
 from __future__ import annotations
@@ -20,29 +17,21 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from e2e.pods.rootfs import inside
 from e2e.pods.users import Identity
 
-VENV = Path(sys.prefix).resolve()
-BASE_PYTHON = Path(sys.base_prefix).resolve()
-REPO = Path(__file__).resolve().parents[2]  # the venv imports the project from its checkout (an editable install)
-IMAGE_HOME = "/home/ray"
-IMAGE_PATH = f"{VENV / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-IMAGE_PROFILE = 'for i in /etc/profile.d/*.sh; do [ -r "$i" ] && . "$i"; done\n'
-
-
-def resolve_env(container: dict[str, Any], fields: dict[str, str], lookup, extra: dict[str, str]) -> dict[str, str]:
-    """The container's environment: the image's, the kubelet's (extra), envFrom, then env in order.
+def resolve_env(container: dict[str, Any], fields: dict[str, str], lookup, base: dict[str, str]) -> dict[str, str]:
+    """The container's environment: base (the image's and the kubelet's), envFrom, then env in order.
 
     fields: fieldRef paths (metadata.name, status.podIP, metadata.labels['k'] ...) to values;
     lookup(kind, name) -> the ConfigMap's or Secret's keys. $(VAR) references are expanded.
     """
-    env = {"PATH": IMAGE_PATH, "HOME": IMAGE_HOME, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", **extra}
+    env = dict(base)
     for source in container.get("envFrom", []):
         kind = "ConfigMap" if "configMapRef" in source else "Secret"
         ref = source.get("configMapRef") or source.get("secretRef")
@@ -82,53 +71,28 @@ def pod_fields(pod: dict[str, Any], pod_ip: str, host_ip: str) -> dict[str, str]
     return fields
 
 
-def image_script(root: Path, hosts: Path, resolv: Path, home: Path) -> str:
-    """Shell lines (run as root in the new mount namespace) that lay out the image around the pod."""
-    profile = root / "profile"
-    profile.write_text(IMAGE_PROFILE)
+def root_script(root: Path, hosts: Path, resolv: Path) -> str:
+    """Shell lines (run as root in the container's new mount namespace) that lay out its root around it."""
     q = shlex.quote
-    # /root is built aside, then moved over /root: its sources are in the /root it hides.
-    stage = root / "image-root"
-    stage.mkdir(exist_ok=True)
-    lines = [f"mount -t tmpfs -o mode=755 tmpfs {q(str(stage))}"]
-    # What the image holds stays at its path wherever this machine has it: in root's home (bound into
-    # the new /root) or in /tmp (bound into the pod's own /tmp: tmp_target).
-    for path in (BASE_PYTHON, VENV, REPO):
-        if path.is_relative_to("/root"):
-            inside = q(str(stage / path.relative_to("/root")))
-        elif path.is_relative_to("/tmp"):
-            inside = q(tmp_target(root, str(path)))
-        else:
-            continue
-        lines += [f"mkdir -p {inside}", f"mount --bind {q(str(path))} {inside}"]
-    lines += [f"mount --move {q(str(stage))} /root", f"mount --bind {q(str(profile))} /etc/profile",
-              f"mount --bind {q(str(hosts))} /etc/hosts", f"mount --bind {q(str(resolv))} /etc/resolv.conf",
-              "mountpoint -q /home || mount -t tmpfs -o mode=755 tmpfs /home", f"mkdir -p {IMAGE_HOME}",
-              f"mount --bind {q(str(home))} {IMAGE_HOME}"]
+    lines = []
+    for path in ("/proc", "/sys", "/dev"):
+        lines += [f"mkdir -p {q(str(root) + path)}", f"mount --rbind {path} {q(str(root) + path)}"]
+    lines += [f"mkdir -p {q(str(root / 'dev/shm'))}", f"mount -t tmpfs -o mode=1777 shm {q(str(root / 'dev/shm'))}"]
+    for source, target in ((hosts, "/etc/hosts"), (resolv, "/etc/resolv.conf")):
+        at = q(str(inside(root, target)))
+        lines += [f"touch {at}", f"mount --bind {q(str(source))} {at}"]
     return "".join(line + "\n" for line in lines)
 
 
-def pod_tmp(root: Path) -> Path:
-    """The pod's own /tmp. It is mounted last (tmp_script), as sources of the other mounts may be in this
-    machine's /tmp: a mount whose target is in /tmp goes into this directory instead (tmp_target)."""
-    tmp = root / "tmp"
-    tmp.mkdir(exist_ok=True)
-    tmp.chmod(0o1777)
-    return tmp
+def read_only_root(root: Path) -> str:
+    """readOnlyRootFilesystem: the root made read-only once its mount points exist (the mounts on it stay as they are)."""
+    return f"mount -o remount,bind,ro {shlex.quote(str(root))}\n"
 
 
-def tmp_target(root: Path, target: str) -> str:
-    relative = Path(target).relative_to("/tmp") if Path(target).is_relative_to("/tmp") else None
-    return target if relative is None else str(pod_tmp(root) / relative)
-
-
-def tmp_script(root: Path) -> str:
-    return f"mount --rbind {shlex.quote(str(pod_tmp(root)))} /tmp\n"
-
-
-def launch(netns: str, hostname: str, script: str, who: Identity, argv: list[str], workdir: str,
+def launch(netns: str, hostname: str, script: str, who: Identity, argv: list[str], root: Path, workdir: str,
            env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Run argv as `who` in the pod's network namespace, in a new mount and UTS namespace laid out by script.
+    """Run argv as `who` in the pod's network namespace, in a new mount and UTS namespace laid out by script,
+    with `root` as its root directory and `workdir` (created if the image lacks it) as its working directory.
 
     Every step execs the next, so the Popen's pid is the container's main process (in its namespaces).
     """
@@ -136,8 +100,9 @@ def launch(netns: str, hostname: str, script: str, who: Identity, argv: list[str
                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     # The open-files limit stays this machine's (a container runtime gives 1048576; this sandbox refuses more than
     # its 20000 even to root), so KubeRay's `ulimit -n 65536` fails, without consequence, before `ray start`.
-    body = (f"set -e\nhostname {shlex.quote(hostname)}\n{script}cd {shlex.quote(workdir)}\n"
-            f'exec {shlex.join(setpriv)} -- "$@"\n')
+    q = shlex.quote
+    body = (f"set -e\nhostname {q(hostname)}\nmkdir -p {q(str(inside(root, workdir)))}\n{script}"
+            f'exec unshare --root={q(str(root))} --wd={q(workdir)} {shlex.join(setpriv)} -- "$@"\n')
     with open(log, "ab") as out:
         return subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "--mount", "--uts", "--propagation", "private",
@@ -148,28 +113,47 @@ def launch(netns: str, hostname: str, script: str, who: Identity, argv: list[str
 def exec_in(pid: int, who: Identity, argv: list[str], env: dict[str, str], timeout: float,
             log: Path | None = None) -> int:
     """An exec probe or hook: argv in the container's namespaces, as its user; the exit code (1 on timeout).
-    Its output goes to `log` if given (a hook's to the container's log), else nowhere (a probe's)."""
+    Its output goes to `log` if given (a hook's to the container's log), else nowhere (a probe's).
+    It runs in the container's root and working directory, so the command is the image's."""
     setpriv = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", f"--groups={','.join(map(str, who.groups))}"]
     with open(log or os.devnull, "ab") as out:
         try:
-            return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "--", *setpriv, "--", *argv], env=env,
+            return subprocess.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "-r", "-w", "--", *setpriv, "--", *argv], env=env,
                                   stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             return 1
 
 
 def stop(process: subprocess.Popen, grace: float = 10) -> None:
-    """SIGTERM to the container's process group, SIGKILL after the grace period."""
-    if process.poll() is not None:
-        kill_group(process.pid, signal.SIGKILL)  # what it left behind
-        return
-    kill_group(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    kill_group(process.pid, signal.SIGKILL)
+    """As a container runtime stops a container: SIGTERM to its main process alone, then SIGKILL to every
+    process left once the main process has exited or the grace period has passed.
+
+    The main process is the container's PID 1, which the kernel spares a signal it has no handler for
+    (a shell that did not exec its last command ignores SIGTERM; `ray start`, which KubeRay's `bash -c`
+    execs, handles it by draining its node through the GCS). Signalling the whole group instead would
+    stop the GCS under a draining `ray start`, which then waits a minute for it to come back."""
+    if process.poll() is None:
+        if handles(process.pid, signal.SIGTERM):
+            try:
+                os.kill(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(process.pid, signal.SIGKILL)  # what is left: PID 1's exit ends its whole namespace
     process.wait(10)
+
+
+def handles(pid: int, sig: int) -> bool:
+    """The process has a handler for the signal (SigCgt of /proc/PID/status); False once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
 def kill_group(pgid: int, sig: int) -> None:

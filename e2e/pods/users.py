@@ -1,7 +1,5 @@
-"""Who a container runs as: the pod's and container's securityContext, else the image's user.
-
-The "image" is this machine with the project's virtualenv standing in for the trainer image, whose
-USER is 1000 (trainer_image/Dockerfile, `useradd` gives it group 1000). As the kubelet does with
+"""Who a container runs as: the pod's and container's securityContext, else the image's USER
+(rootfs.py; root when it names none). As the kubelet does with
 fsGroup, the pod's volumes are made group-owned by it (group rwX, setgid directories) before the
 containers start, and fsGroup and supplementalGroups are the process's supplementary groups.
 """
@@ -12,10 +10,6 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-IMAGE_USER = 1000
-IMAGE_GROUP = 1000
-
-
 class Identity(NamedTuple):
     uid: int
     gid: int
@@ -23,13 +17,15 @@ class Identity(NamedTuple):
     fs_group: int | None
 
 
-def identity(pod_spec: dict[str, Any], container: dict[str, Any]) -> Identity:
+def identity(pod_spec: dict[str, Any], container: dict[str, Any], image: tuple[int, int]) -> Identity:
+    """image: the image's USER as (uid, gid) (rootfs.Rootfs.user)."""
     pod = pod_spec.get("securityContext") or {}
     own = {**pod, **(container.get("securityContext") or {})}  # the container's fields win
-    uid = own.get("runAsUser", IMAGE_USER)
+    uid = own.get("runAsUser", image[0])
     if uid == 0 and own.get("runAsNonRoot"):
-        raise PermissionError("runAsNonRoot and runAsUser 0: the kubelet refuses to start this container")
-    gid = own.get("runAsGroup", IMAGE_GROUP)
+        raise PermissionError("runAsNonRoot and the container's user is root: the kubelet refuses to start it")
+    # A runAsUser without runAsGroup drops the image's group: root's, as the runtime resolves a bare uid.
+    gid = own.get("runAsGroup", 0 if "runAsUser" in own else image[1])
     fs_group = pod.get("fsGroup")
     groups = tuple(dict.fromkeys([gid, *([fs_group] if fs_group is not None else []),
                                   *pod.get("supplementalGroups", [])]))
@@ -49,11 +45,3 @@ def own_volume(path: Path, fs_group: int, policy: str = "Always") -> None:
             if not os.path.islink(name):
                 extra = 0o2070 if name == directory else (0o060 | (0o010 if mode & 0o100 else 0))
                 os.chmod(name, (mode & 0o7777) | extra)
-
-
-def home(root: Path, who: Identity) -> Path:
-    """A writable HOME for the image's user (Ray writes its session files there)."""
-    path = root / "home"
-    path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, who.uid, who.gid)
-    return path

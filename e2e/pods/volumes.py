@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from kubernetes.utils import parse_quantity
 
+from e2e.pods.rootfs import inside
 from e2e.storage import VolumeNotReady, claim_directory, sub_path  # noqa: F401 - VolumeNotReady re-exported
 
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -41,21 +42,26 @@ class Volume(NamedTuple):
     tmpfs: str | None = None  # mount options of the tmpfs backing a memory emptyDir
 
 
-def bind_script(mounts: Iterable[tuple], tmpfs: Iterable[tuple[Path, str]] = ()) -> str:
+def bind_script(mounts: Iterable[tuple], tmpfs: Iterable[tuple[Path, str]] = (), root: Path | None = None) -> str:
     """Shell lines that mount the pod's volumes inside the private mount namespace.
 
     mounts: Mount or (source, target) pairs, shallowest target first. tmpfs: (directory, options)
     of each memory emptyDir, mounted first so that its mounts bind the tmpfs. A missing directory
-    source is created (a subPath the volume lacks, as the kubelet does). The parent of each
-    mountPath gets a private tmpfs first, so files and directories created as mount points stay in
-    the namespace (the host keeps at most the empty parent directory).
+    source is created (a subPath the volume lacks, as the kubelet does). root: the container's root
+    (rootfs.py), its own writable copy of the image, under which each target is made. Without one,
+    targets are on this machine's filesystem, so the parent of each mountPath gets a private tmpfs
+    first: files and directories created as mount points stay in the namespace (the host keeps at
+    most the empty parent directory).
     """
     lines = [f"mount -t tmpfs -o {shlex.quote(options)} tmpfs {shlex.quote(str(path))}" for path, options in tmpfs]
     for source, target, read_only in (Mount(*mount) for mount in mounts):
+        target = str(inside(root, target)) if root is not None else target
         src, dst, parent = (shlex.quote(str(path)) for path in (source, target, Path(target).parent))
         point = f"touch {dst}" if source.is_file() else f"mkdir -p {src} {dst}"
-        lines += [f"mkdir -p {parent}", f"mountpoint -q {parent} || mount -t tmpfs tmpfs {parent}", point,
-                  f"mount --bind {src} {dst}"]
+        lines.append(f"mkdir -p {parent}")
+        if root is None:
+            lines.append(f"mountpoint -q {parent} || mount -t tmpfs tmpfs {parent}")
+        lines += [point, f"mount --bind {src} {dst}"]
         if read_only:  # a bind mount takes the read-only flag only on a remount
             lines.append(f"mount -o remount,bind,ro {dst}")
     return "".join(line + "\n" for line in lines)

@@ -24,8 +24,15 @@ MODELS_DIR = "/mnt/models"
 TRAINER_UID = 1000
 # The pod network's interface in every CNI's pods: the GPU workers' NCCL and Gloo sockets use it.
 POD_INTERFACE = "eth0"
+# Set on GPU workers of a job with resources.rdma (the adapters NCCL uses); the ranks then check that
+# they may lock the memory NCCL registers with those adapters (rlhf_trainer.workers.distributed).
+RDMA_ADAPTERS_ENV = "NCCL_IB_HCA"
 
 # Who the job is: the trainer patches this RLHFJob's status.
+# The one condition of status.conditions the trainer writes (rlhf_trainer/learning_signal.py); the chart's
+# trainer-status policy lets it change that one and no other.
+TRAINER_CONDITION = "Stalled"
+NO_LEARNING_SIGNAL, LEARNING_SIGNAL = "NoLearningSignal", "LearningSignal"  # its reasons when True, False
 JOB_NAME_ENV = "RLHF_JOB_NAME"
 JOB_NAMESPACE_ENV = "RLHF_JOB_NAMESPACE"
 # The trainer's Prometheus endpoint on the head pod, exposed as the container port METRICS_PORT_NAME.

@@ -33,7 +33,7 @@ GPUS_PER_NODE = {
 
 
 # How long a job waits for what it references (a reward ConfigMap) before it fails; documented in
-# the README. Long enough for GitOps tools to apply a directory, short enough to notice a typo.
+# docs/concepts/rlhfjob.md. Long enough for GitOps tools to apply a directory, short enough to notice a typo.
 DEPENDENCY_WAIT_SECONDS = 600
 
 

@@ -38,7 +38,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
             else:
                 job_name = job.metadata.get("name", "(unnamed)")
                 print(f"{name}: valid ({job.spec.algorithm} job {job_name})")
+                if args.gpu is not None and not _print_memory_plan(job.spec, args, Path(path).parent):
+                    failed += 1
     return 1 if failed else 0
+
+
+def _print_memory_plan(spec, args: argparse.Namespace, base_dir: Path) -> bool:
+    """rlhf validate --gpu: the job's memory per GPU and phase; False when it cannot be planned or does not fit."""
+    if spec.resources.gpus_per_node == 0:
+        print("  runs on CPU (resources.gpusPerNode 0): no GPU memory plan")
+        return True
+    from rlhf_api.validation import InvalidJob
+    from rlhf_trainer.memory_plan import local_config, plan_job
+
+    gpu = args.gpu or spec.resources.gpu_product
+    try:
+        if not gpu:
+            raise ValueError("the job names no resources.gpuProduct: pass --gpu PRODUCT (or a size such as 80GiB)")
+        plan = plan_job(spec, gpu, local_config(args.model_configs, base_dir, spec))
+    except (ValueError, FileNotFoundError, InvalidJob) as error:
+        print(f"  no memory plan: {error}", file=sys.stderr)
+        return False
+    print("\n".join("  " + line for line in plan.render().splitlines()))
+    return plan.fits
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -141,6 +163,13 @@ def parser() -> argparse.ArgumentParser:
         "validate", help="check RLHFJob files against the schema and CEL rules the cluster enforces",
         description="Exit status 1 when any document is invalid; each error names the field and what to change.")
     validate.add_argument("files", nargs="+", metavar="FILE", help="YAML files (- for standard input)")
+    validate.add_argument("--gpu", nargs="?", const="", metavar="GPU",
+                          help="also print each GPU job's memory plan per GPU and phase, and fail when it does not "
+                               "fit, on GPUs of this nvidia.com/gpu.product (or size, e.g. 80GiB; no value: the "
+                               "job's resources.gpuProduct)")
+    validate.add_argument("--model-configs", type=Path, metavar="DIR",
+                          help="config.json of hub models, as DIR/<org>/<name>/config.json (models on local paths "
+                               "are read there); manifests/examples/model-configs has the examples'")
     validate.set_defaults(func=cmd_validate)
 
     crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")

@@ -33,9 +33,19 @@ ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
 # under way may finish, for up to this many seconds (Ray's default is 30). It does not wait for actors
 # that are idle at that moment (seen on the e2e pods: drained in 0.6 s): WAIT_FOR_HEAD orders that.
 RAY_DRAIN_ENV = {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
+# A worker's Ray processes give up on an unreachable GCS after this many seconds (Ray's default is 60):
+# without GCS fault tolerance no head comes back, yet a worker pod signalled with its head (KubeRay deletes
+# the cluster) held its node, and its GPUs, that long, draining through a GCS that was gone (seen: 60 s).
+# An unreachable GCS, not a slow one: a loaded head that still answers is not cut off by it.
+GCS_GONE_ENV = {"name": "RAY_gcs_rpc_server_reconnect_timeout_s", "value": "20"}
 # Ray's job supervisor on the head answers `ray job stop` (KubeRay's, when a running RayJob is deleted)
 # with SIGTERM to the driver, then SIGKILL after this many seconds (Ray's default is 3).
 RAY_JOB_STOP_ENV = {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(contract.TERMINATION_GRACE_SECONDS)}
+# Set on every container that requests no GPU (the head, KubeRay's submitter, CPU workers): a CUDA image
+# sets NVIDIA_VISIBLE_DEVICES=all, and where nvidia is a node's default container runtime such a container
+# would see every GPU of the node. "void" is the NVIDIA container toolkit's value that hides them all.
+# GPU workers are left alone: the device plugin sets the variable to the GPUs it allotted.
+NO_GPUS_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
@@ -150,7 +160,7 @@ def _nccl_env(rdma: api.RDMASpec | None) -> list[dict[str, Any]]:
     settings = {"NCCL_SOCKET_IFNAME": contract.POD_INTERFACE, "GLOO_SOCKET_IFNAME": contract.POD_INTERFACE}
     if rdma:
         settings |= {
-            "NCCL_IB_HCA": rdma.hca,
+            contract.RDMA_ADAPTERS_ENV: rdma.hca,
             "NCCL_SOCKET_IFNAME": rdma.socket_ifname,
             "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
             "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
@@ -288,7 +298,8 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
 def _head_group(job: api.RLHFJob) -> dict[str, Any]:
     head = job.spec.resources.head
     volumes, mounts = _volumes(job)
-    container = _container(job, "ray-head", _driver_env(job), mounts, {"cpu": head.cpu, "memory": head.memory})
+    container = _container(job, "ray-head", [*_driver_env(job), dict(NO_GPUS_ENV)], mounts,
+                           {"cpu": head.cpu, "memory": head.memory})
     # KubeRay builds the head Service from these ports once any is named, so Ray's are listed too.
     container["ports"] = [
         {"name": "gcs-server", "containerPort": 6379},
@@ -317,6 +328,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
         "name": "ray-job-submitter",
         "image": trainer_image(resources),
         "imagePullPolicy": resources.image_pull_policy,
+        "env": [dict(NO_GPUS_ENV)],
         "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": _container_security(),
     }
@@ -369,19 +381,18 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     resources = job.spec.resources
     volumes, mounts = _volumes(job)
     limits = {"cpu": resources.worker.cpu, "memory": resources.worker.memory}
-    env: list[dict[str, Any]] = []
+    env = [dict(NO_GPUS_ENV), dict(GCS_GONE_ENV)]
     gpus = resources.gpus_per_node > 0
     if gpus:
         limits[resources.gpu_resource_name] = str(resources.gpus_per_node)
-        env = _nccl_env(resources.rdma)
+        env = [*_nccl_env(resources.rdma), dict(GCS_GONE_ENV)]
     if resources.rdma:
         limits[resources.rdma.resource_name] = str(resources.rdma.resource_count)
     container = _container(job, "ray-worker", env, mounts, limits)
+    # No IPC_LOCK with RDMA: a capability added to a container whose user is not root never becomes
+    # effective (Kubernetes grants no ambient capabilities), so NCCL's registered (locked) memory comes
+    # from the memlock limit the node's container runtime gives, which the ranks check at start.
     container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", WAIT_FOR_HEAD]}}}
-    if resources.rdma:
-        # RDMA registers (pins) memory, which needs IPC_LOCK.
-        # PodSecurity "baseline" and "restricted" refuse it: such jobs need a "privileged" namespace.
-        container["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
 
     nodes = resources.nodes
     return {
@@ -389,7 +400,8 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         "replicas": nodes,
         "minReplicas": nodes,
         "maxReplicas": nodes,
-        "rayStartParams": {},
+        # Explicit: KubeRay infers it only from a limit whose name ends in "gpu" (a MIG slice's does not).
+        "rayStartParams": {"num-gpus": str(resources.gpus_per_node)},
         "template": {
             "metadata": _worker_metadata(job),
             "spec": _ray_pod_spec(job, container, volumes, gpu_workers=gpus),

@@ -9,18 +9,9 @@ from typing import Any
 import kopf
 
 from rlhf_api import v1alpha1 as api
+from .kube import CONNECT_TIMEOUT, HANDLER_THREADS, REQUEST_TIMEOUT
 from .names import JOB_LABEL, LABEL_MANAGED_BY, MANAGED_BY
 
-# Threads running the sync handlers; kube.py's connection pool has at least as many connections,
-# so no handler opens (and TLS-handshakes) a connection that the full pool then throws away.
-# A handler mostly waits on the API server (a new job: five creates and a status write in a row),
-# so more threads than CPUs: at 300 jobs in a burst, 32 cut apply->RayJob p99 from 29 s to 18 s
-# (benchmarks/README.md).
-HANDLER_THREADS = 32
-# Every API request's bounds (seconds), kopf's and kube.py's alike: a connection gone half-open
-# fails the call after these instead of holding a handler thread forever. Watches have their own.
-CONNECT_TIMEOUT = 10
-REQUEST_TIMEOUT = 60
 PREFIX = api.GROUP  # rlhf.dev/...: kopf's marks on our objects carry our name
 FINALIZER = f"{PREFIX}/finalizer"
 

@@ -219,7 +219,8 @@ def _conditions(previous: list[dict[str, Any]], obs: Observation, now: str,
         if generation is not None:
             condition["observedGeneration"] = generation
         conditions.append(condition)
-    return conditions
+    # Types of others' (the trainer's contract.TRAINER_CONDITION) are kept: the list is written whole.
+    return conditions + [condition for condition in previous if condition["type"] not in CONDITION_TYPES]
 
 
 def owned(status: dict[str, Any]) -> dict[str, Any]:

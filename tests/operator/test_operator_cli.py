@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import kopf
 import pytest
@@ -125,3 +127,13 @@ def test_handler_errors_are_counted_by_kind_and_still_raised():
         raise TimeoutError
     assert sample("rlhf_operator_errors_total", {"kind": "TimeoutError"}) == before + 1
     assert sample("rlhf_operator_reconcile_duration_seconds_count", {"handler": "unit"}) == runs + 1
+
+
+def test_rlhf_run_needs_none_of_the_operator_s_dependencies():
+    """The trainer image installs the trainer and tracking extras, not the operator's: there every Ray
+    job died at `rlhf run`'s start importing kopf (the CLI's parser imported the leader election's
+    defaults, and with them kopf's settings)."""
+    code = ("import sys; sys.modules['kopf'] = None  # as if not installed\n"
+            "from rlhf_operator import cli; print(cli.parser().parse_args(['run', 'job.yaml']).command)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "run\n", result.stderr[-2000:]

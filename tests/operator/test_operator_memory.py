@@ -7,7 +7,7 @@ import threading
 
 from rlhf_operator.reconcile import Kept
 
-THREADS = 32  # kopf's handler threads (settings.HANDLER_THREADS)
+THREADS = 32  # kopf's handler threads (kube.HANDLER_THREADS)
 
 
 def test_the_entry_written_least_recently_goes_first():

@@ -146,10 +146,10 @@ def test_keeping_a_failed_cluster_is_kuberay_s_deletion_rules_unless_suspended()
 
 def test_head_is_a_cpu_node_running_the_trainer_as_the_job_service_account():
     head, worker = head_and_worker(render.ray_job(as_job(load_example("ppo-job.yaml"))))
-    # The driver only: every model group and engine goes to the workers, whose CPUs and GPUs KubeRay
-    # gives Ray from their limits.
+    # The driver only: every model group and engine goes to the workers, whose CPUs KubeRay gives Ray
+    # from their limits (their GPUs are named: test_workers_tell_ray_their_gpu_count...).
     assert (head["rayStartParams"]["num-cpus"], head["rayStartParams"]["num-gpus"]) == ("0", "0")
-    assert worker["rayStartParams"] == {}
+    assert worker["rayStartParams"] == {"num-gpus": "8"}
     pod = head["template"]["spec"]
     assert pod["serviceAccountName"] == "ppo-llama3-8b-trainer"
     assert "tolerations" not in pod and "affinity" not in pod and "nodeSelector" not in pod
@@ -179,6 +179,17 @@ def test_gpu_workers_get_gpus_product_affinity_and_tolerate_gpu_taints():
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [
         {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}]
+
+
+@pytest.mark.parametrize(("resource", "gpus"), [("nvidia.com/gpu", 8), ("nvidia.com/mig-3g.40gb", 2), (None, 0)])
+def test_workers_tell_ray_their_gpu_count_whatever_the_resource_is_called(resource: str | None, gpus: int):
+    """KubeRay infers `ray start --num-gpus` only from a limit whose name ends in "gpu": a MIG slice
+    (nvidia.com/mig-3g.40gb) gave Ray no GPU, and the job waited out its placement timeout."""
+    resources = {"gpusPerNode": gpus, **({"gpuResourceName": resource} if resource else {})}
+    _, worker = head_and_worker(render.ray_job(as_job(tiny(resources=resources))))
+    assert worker["rayStartParams"]["num-gpus"] == str(gpus)
+    if resource:
+        assert container(worker)["resources"]["limits"][resource] == str(gpus)
 
 
 def test_user_scheduling_constraints_are_merged_not_replaced():
@@ -227,13 +238,15 @@ def test_dev_shm_is_memory_backed_with_the_size_limit_everywhere():
         assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
 
 
-def test_rdma_adds_the_resource_ipc_lock_and_nccl_settings_to_workers():
+def test_rdma_adds_the_resource_and_nccl_settings_to_workers_and_no_capability():
     doc = tiny(resources={"gpusPerNode": 8, "rdma": {
         "resourceName": "rdma/rdma_shared_device_a", "resourceCount": 2, "hca": "mlx5_0,mlx5_1",
         "socketIfname": "net1", "gdrLevel": "SYS", "gidIndex": 3, "ncclDebug": "INFO"}})
     head, worker = head_and_worker(render.ray_job(as_job(doc)))
     assert container(worker)["resources"]["limits"]["rdma/rdma_shared_device_a"] == "2"
-    assert container(worker)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    # IPC_LOCK would never be effective for uid 1000 and only made the pods need a privileged namespace;
+    # the ranks check the memlock limit instead (tests/trainer/test_distributed_limits.py).
+    assert container(worker)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert {k: v for k, v in env(worker).items() if k.startswith("NCCL_")} == {
         "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "net1", "NCCL_NET_GDR_LEVEL": "SYS",
         "NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "INFO"}
@@ -401,10 +414,24 @@ def test_only_the_head_holds_the_job_s_token_and_credentials():
     for pod in (worker["template"]["spec"], submitter["spec"]):
         assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     assert {"RLHF_REWARD_JUDGE_TOKEN", contract.WANDB_API_KEY_ENV, contract.JOB_NAME_ENV} <= env(head).keys()
-    drain = render.RAY_DRAIN_ENV
-    assert env(worker) == {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "t"}}, drain["name"]: drain["value"]}
+    drain, no_gpus, gcs_gone = render.RAY_DRAIN_ENV, render.NO_GPUS_ENV, render.GCS_GONE_ENV
+    assert env(worker) == {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "t"}}, drain["name"]: drain["value"],
+                           no_gpus["name"]: no_gpus["value"], gcs_gone["name"]: gcs_gone["value"]}
     assert container(worker)["envFrom"] == [{"configMapRef": {"name": "settings"}}]
-    assert "env" not in submitter["spec"]["containers"][0]
+    assert submitter["spec"]["containers"][0]["env"] == [no_gpus]
+
+
+@pytest.mark.parametrize("gpus_per_node", [8, 0])
+def test_only_gpu_workers_see_the_node_s_gpus(gpus_per_node: int):
+    """A CUDA image sets NVIDIA_VISIBLE_DEVICES=all: where nvidia is a node's default runtime, the CPU head
+    and the submitter saw every GPU of their node. The toolkit's "void" hides them; on GPU workers the
+    device plugin sets the variable to the GPUs it allotted."""
+    ray_job = render.ray_job(as_job(tiny(resources={"gpusPerNode": gpus_per_node})))
+    head, worker = head_and_worker(ray_job)
+    [submitter] = ray_job["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    assert env(head)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in submitter.get("env", [])
+    assert env(worker).get("NVIDIA_VISIBLE_DEVICES") == (None if gpus_per_node else "void")
 
 
 def test_gpu_workers_talk_over_the_pod_network_unless_told_otherwise():

@@ -131,6 +131,16 @@ def test_conditions_follow_the_phase_and_keep_their_transition_time():
     assert conditions(done)["Running"]["lastTransitionTime"] == T2
 
 
+def test_the_trainer_s_condition_is_kept_when_the_operator_writes_its_own():
+    stalled = {"type": contract.TRAINER_CONDITION, "status": "True", "reason": "NoLearningSignal", "message": "...",
+               "lastTransitionTime": T0}
+    current = {"conditions": [stalled]}
+    observed = status.observe(ray_job("Running", "RUNNING"), suspend=False, queue_name=None)
+    written = status.next_status(current, observed, T1, 1)["conditions"]
+    assert [c["type"] for c in written] == [*status.CONDITION_TYPES, contract.TRAINER_CONDITION]
+    assert written[-1] == stalled  # as the trainer wrote it
+
+
 def test_start_and_completion_times():
     pending, provisioning, running, done = walk(
         (ray_job(), T0),

@@ -4,6 +4,8 @@ several nodes (RayNodes), and bare TRL trainer objects for the tests that use TR
 from __future__ import annotations
 
 import collections
+import fcntl
+import hashlib
 import os
 import shlex
 import shutil
@@ -18,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from e2e.controlplane import cache_dir
 from e2e.fixtures import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -71,13 +74,15 @@ def tiny_reward_model(tmp_path_factory) -> Path:
 def local_ray():
     """A Ray instance of this module's own (own temp dir; never `ray stop`, which kills every Ray here)."""
     import ray
+    from rlhf_trainer.run import _start_local_ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     # Ray's socket paths must stay short: a directory straight under /tmp.
     temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+    node = _start_local_ray(8, temp_dir)  # as `rlhf run` starts it: more tries on a busy machine
     yield ray
     ray.shutdown()
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -171,7 +176,7 @@ class RayNodes:
                     return "exited"
                 return set(self.worker_nodes()) - self.workers.keys()
 
-            found = wait_for(joined, 120, f"the worker node of {log} to join the head")
+            found = wait_for(joined, 300, f"the worker node of {log} to join the head")  # minutes on a loaded machine
             if found != "exited":
                 [node] = found
                 self.workers[node] = process
@@ -214,11 +219,21 @@ def ray_nodes():
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct converted from the pinned wheel's GGUF (rlhf smollm2-model), once per session."""
-    from rlhf_trainer.pretrained import build_smollm2
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct converted from the pinned wheel's GGUF (rlhf smollm2-model), once per content
+    of the GGUF file and the converter: cached under RLHF_CACHE/models, shared by the workers and later runs
+    (read-only: the tests copy what they change)."""
+    import rlhf_trainer.pretrained as pretrained
 
-    return build_smollm2(tmp_path_factory.mktemp("smollm2") / "model")
+    key = hashlib.sha256(pretrained.gguf_path().read_bytes() + Path(pretrained.__file__).read_bytes()).hexdigest()[:16]
+    models = cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    model = models / f"smollm2-{key}"
+    with open(models / ".smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one conversion at a time; the others then find it made
+        if not model.exists():
+            pretrained.build_smollm2(model)  # written beside it and renamed: a directory that exists is whole
+    return model
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The learning signal at the edges: outlier tokens keep a finite loss and gradient, token-mean weighs
 every token of an optimizer step the same across micro-batches and ranks, Dr. GRPO's aggregation is
-dr-grpo's default and matches TRL's, rollout correction weighs tokens as its formula says, and
-rollouts are scored with dropout off."""
+dr-grpo's default and matches TRL's, rollout correction weighs tokens as its formula says,
+rollouts are scored with dropout off, and an offloaded optimizer (torch's AdamW, as on GPUs) steps."""
 
 from __future__ import annotations
 
@@ -340,3 +340,20 @@ def test_dr_grpo_policy_step_matches_trl_dr_grpo(shape, beta, eps_high, trl_trai
     [loss] = ours.losses
     assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-9)
     torch.testing.assert_close(ours.logits.grad, trl_logits.grad, atol=1e-9, rtol=0)
+
+
+def test_an_offloaded_optimizer_trains_on_cpu(tiny_model, one_rank):
+    """ZeRO-Offload with torch's AdamW on the CPU partitions (DeepSpeed refuses a client optimizer there
+    unless told, not one its config names): one step moves the weights."""
+    from rlhf_trainer.workers.engine import load_model
+
+    training = TrainingSpec(zero_stage=2, offload_optimizer=True, bf16=False, lr_warmup_ratio=0,
+                            lr_scheduler="constant", train_batch_size=1, micro_train_batch_size=1)
+    model = load_model(ModelConfig(role="actor", path=str(tiny_model), training=training,
+                                   model=ModelSpec(path=str(tiny_model), dtype="float32")), 0, 1)
+    assert type(model.engine.basic_optimizer) is torch.optim.AdamW and model.engine.basic_optimizer.defaults["fused"]
+    before = [p.detach().clone() for p in model.engine.module.parameters()]
+    loss = model.engine(input_ids=torch.arange(8)[None]).logits.float().square().mean()
+    model.engine.backward(loss)
+    model.engine.step()
+    assert any(not torch.equal(p, q) for p, q in zip(before, model.engine.module.parameters()))

@@ -56,8 +56,8 @@ def _mean(values: list[float]) -> float:
 def test_the_multi_turn_example_learns_its_game(tiny_model, local_ray, tmp_path, capsys):
     """The mean episode reward of the last five steps beats the first five; episodes take several turns;
     vLLM's log-probs of the policy's tokens are the actor's at every step (weights in sync, observation
-    tokens left out)."""
-    steps = 30
+    tokens left out). The run is deterministic: at 12 steps the gain measured 0.175 (2026-11-26; 0.63 at 30)."""
+    steps = 12
     job = write_game_job(tmp_path, tiny_model, **{"training.maxSteps": steps, "checkpoint.intervalSteps": 0,
                                                   "checkpoint.exportHf": False, "evaluation.intervalSteps": 0})
     out = tmp_path / "out"

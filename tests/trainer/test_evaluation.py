@@ -59,6 +59,8 @@ def test_metric_names_status_and_the_best(tmp_path):
     assert status.pop("evaluation") == {"held-out/mean_reward": pytest.approx(0.325), "held-out/pass@2": 0.5,
                                         "best/step": 4.0}
     assert status == {"rewardMean": 0.3}
+    # What `kubectl get rlhfjobs` shows: four significant digits, not a float's seventeen.
+    assert status_metrics({"reward_mean": 0.25182831287384033, "kl": 1.23456e-5}) == {"rewardMean": 0.2518, "kl": 1.235e-5}
 
 
 def test_bad_evaluation_settings_are_refused():

@@ -129,3 +129,15 @@ def test_a_cluster_short_of_cpus_for_its_gpu_bundles_is_refused_naming_the_worke
     assert [error.path for error in refusal.value.errors] == ["spec.resources.worker.cpu"]
     assert (f"the job needs {placement.bundles} CPUs (one per rank and vLLM worker) but the Ray cluster has 2: give "
             "each worker pod at least one CPU per GPU") in str(refusal.value)
+
+
+def test_flash_attention_without_flash_attn_is_refused_before_any_model_loads(toy_job, tmp_path, monkeypatch):
+    """Each model group used to raise ImportError while loading, once the whole cluster was up."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not importable, as in the trainer image
+    job = validate(yaml.safe_load(toy_job(**{"models.actor.attnImplementation": "flash_attention_2",
+                                             "resources.image": "registry.example/trainer-flash-attn:1"}).read_text()))
+    with pytest.raises(InvalidJob) as refusal:
+        check(job.spec, tmp_path)
+    assert [error.path for error in refusal.value.errors] == ["spec.models.actor.attnImplementation"]
+    assert "flash_attention_2 needs the flash-attn package, which this environment lacks: set attnImplementation: " \
+           "sdpa" in str(refusal.value)

@@ -4,6 +4,7 @@ actor's and reference's log-prob passes run at once with the results of running 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -74,7 +75,7 @@ def test_log_probs_of_actor_and_reference_at_once_equal_one_after_the_other(tiny
         action_mask = torch.ones(10, 8, dtype=torch.bool)
         one_by_one = [groups[role].forward(sequences, attention_mask, 8) for role in ("actor", "reference")]
 
-        trainer = types.SimpleNamespace(groups=groups, actor=groups["actor"])
+        trainer = types.SimpleNamespace(groups=groups, actor=groups["actor"], placement=placement)
         log_probs, base_log_probs, values = Trainer._log_probs_and_values(trainer, sequences, attention_mask, action_mask)
 
         assert values is None
@@ -119,3 +120,38 @@ def test_local_ray_runs_without_dashboard_server_or_autoscaler_monitor():
     assert not [p for p in processes if "dashboard/dashboard.py" in p or "autoscaler/_private/monitor.py" in p]
     assert "printed by a task" in output
     assert "LEFT 0" in output
+
+
+RETRIED_START = textwrap.dedent("""
+    import os, subprocess, sys, tempfile
+    import ray, ray._private.node
+    from rlhf_trainer import run
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")
+    first_node, bystander = [], []
+    real_init = ray._private.node.Node.__init__
+
+    def slow_first_start(self, *args, **kwargs):  # the first start misses Ray's 30 s, leaving a process behind
+        if not first_node:
+            quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+            first_node.append(subprocess.Popen([*sleep, temp_dir], **quiet))  # names the temp dir, as Ray's do
+            bystander.append(subprocess.Popen(sleep, **quiet))  # started meanwhile by another thread: an image build
+            raise Exception("The current node timed out during startup. This could happen because ...")
+        real_init(self, *args, **kwargs)
+
+    ray._private.node.Node.__init__ = slow_first_start
+    node = run._start_local_ray(1, temp_dir)
+    print("FIRST NODE'S PROCESS", first_node[0].wait(timeout=60), "BYSTANDER", bystander[0].poll(), flush=True)
+    ray.shutdown()
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    bystander[0].kill()
+""")
+
+
+def test_a_start_that_misses_ray_s_deadline_is_retried_killing_only_that_node_s_processes():
+    run = subprocess.run([sys.executable, "-c", RETRIED_START], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "starting it again" in run.stdout
+    assert f"FIRST NODE'S PROCESS -{signal.SIGKILL} BYSTANDER None" in run.stdout, run.stdout[-2000:]

@@ -12,6 +12,7 @@ import ray
 from transformers import AutoModelForCausalLM
 
 from rlhf_operator.cli import main
+from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -19,7 +20,6 @@ INVALID = {
     # spec overrides -> the field the error must name
     "hybrid engine running ahead": ({"training.colocation": "all", "training.asyncQueueSize": 1},
                                     "spec.training.asyncQueueSize"),
-    "tensor parallel on CPU": ({"rollout.tensorParallelSize": 2}, "spec.rollout.tensorParallelSize"),
     "micro-batches that do not divide": ({"training.microTrainBatchSize": 48}, "spec.training.trainBatchSize"),
     "QLoRA on CPU": ({"models.actor.lora": {"rank": 8, "quantization": "nf4"}}, "spec.models.actor.lora.quantization"),
     "LoRA on a frozen model (CEL)": ({"models.reward": {"path": "x", "lora": {"rank": 8}}}, "spec.models.reward.lora"),
@@ -67,12 +67,16 @@ def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):
 
 
 def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job, tiny_model, tmp_path):
-    # Every model and the vLLM engine on one bundle: the hybrid engine's placement.
-    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2, "training.colocation": "all"})
+    # The hybrid engine's placement, as on GPUs: every model on bundle 0 and a vLLM engine of two
+    # tensor-parallel workers on bundles 0 and 1 (worker 0 takes the actor's weights through handles, worker 1
+    # by broadcast), the engine core in a process of its own.
+    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2, "training.colocation": "all",
+                     "rollout.tensorParallelSize": 2})
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=540, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        capture_output=True, text=True, timeout=540,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", ENGINE_PROCESS_ENV: "own"},
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "succeeded" in result.stdout
@@ -81,6 +85,8 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job,
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= m.keys()
+    # Steps 2 and 3 sampled from the weights synced to both tensor-parallel workers: vLLM and the trainer agree.
+    assert all(m["logprob_diff"] < 1e-3 for m in metrics[1:]), metrics
     assert list((out / "checkpoints" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
     checkpoints = out / "checkpoints"

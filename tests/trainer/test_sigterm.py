@@ -5,16 +5,21 @@ deleted), and the worker pods' `ray start` keeps their actors while it drains: e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from e2e.fixtures import wait_for
+from e2e.pods import processes
+from e2e.pods.head import ray_head_command
 from rlhf_api import contract
 from rlhf_operator.render import RAY_JOB_STOP_ENV, STOP_DRIVER
 from rlhf_trainer import checkpoint
@@ -70,22 +75,37 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tm
     assert logged[logged.index(reached) + 1] == reached + 1
 
 
-def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path, monkeypatch):
+def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path):
     """`ray job stop`, as KubeRay sends it when a running RayJob is deleted: Ray's job supervisor signals the
     driver and waits as long as the head pod's RAY_JOB_STOP_WAIT_TIME_S says before it kills it."""
-    import ray
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    monkeypatch.setenv(RAY_JOB_STOP_ENV["name"], RAY_JOB_STOP_ENV["value"])  # the head's, inherited by the supervisor
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL})
     out = tmp_path / "out"
     checkpoints = out / "checkpoints"
     temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-", dir="/tmp")  # short: Ray's socket paths
-    context = ray.init(num_cpus=3, include_dashboard=True, _temp_dir=temp_dir, log_to_driver=False)
+    bystander = hold_ports(8265, 52365)  # another head on this machine: its agent never registers on a taken port
+    command, dashboard_port = ray_head_command(3, Path(temp_dir))
+    env = {**os.environ, RAY_JOB_STOP_ENV["name"]: RAY_JOB_STOP_ENV["value"],  # the head's, inherited by the supervisor
+           "RAY_AUTH_MODE": "disabled", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with (tmp_path / "head.log").open("wb") as log:
+        head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        client = JobSubmissionClient(f"http://{context.dashboard_url}")
-        submission = client.submit_job(entrypoint=f"{sys.executable} -m rlhf_operator.cli run {job} --output-dir {out}")
+        entrypoint = f"{sys.executable} -m rlhf_operator.cli run {job} --output-dir {out}"
+
+        def submitted() -> tuple[JobSubmissionClient, str] | None:
+            assert head.poll() is None, (tmp_path / "head.log").read_text()[-4000:]
+            try:
+                client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}")
+                return client, client.submit_job(entrypoint=entrypoint)
+            except ConnectionError:  # the dashboard is not up yet
+                return None
+            except RuntimeError as error:  # the head's job agent registers after its dashboard
+                if "No available agent" not in str(error):
+                    raise
+                return None
+
+        client, submission = wait_for(submitted, 300, "the head's job agent to accept the submission")
 
         def past_a_checkpoint() -> bool:
             assert not client.get_job_status(submission).is_terminal(), client.get_job_logs(submission)[-4000:]
@@ -97,11 +117,23 @@ def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path, mon
         assert client.get_job_status(submission) == JobStatus.STOPPED
         said = client.get_job_logs(submission)
     finally:
-        ray.shutdown()
+        processes.stop(head, grace=30)
+        bystander.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
     reached = max(steps_logged(out))
     assert f"the run was interrupted: stopped after step {reached} of {STEPS}" in said, said[-4000:]
     assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached)
+
+
+def hold_ports(*ports: int) -> contextlib.ExitStack:
+    """Listen on each port that is free (one already taken is held by someone else: as good)."""
+    held = contextlib.ExitStack()
+    for port in ports:
+        sock = held.enter_context(socket.socket())
+        with contextlib.suppress(OSError):
+            sock.bind(("0.0.0.0", port))
+            sock.listen()
+    return held
 
 
 def test_deleted_ray_pods_let_the_driver_save_its_checkpoint(ray_nodes, toy_job, tmp_path):

@@ -14,6 +14,7 @@ import yaml
 from rlhf_api.validation import InvalidJob, validate
 from rlhf_trainer.workers.group import ROLLOUT, plan_placement
 from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, broadcast_bundles, bucket_ranges, plan_transfer
+from rlhf_trainer.workers.weight_sync import engine_routes, worker_route
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 CLUSTERS = {"1x8": (1, 8), "2x8": (2, 8)}
@@ -103,3 +104,15 @@ def test_buckets_hold_consecutive_weights_up_to_the_limit_and_a_larger_weight_al
     assert bucket_ranges([3, 3, 3, 10, 1, 1], limit=6) == [range(0, 2), range(2, 3), range(3, 4), range(4, 6)]
     assert bucket_ranges([3, 3], limit=0) == [range(0, 1), range(1, 2)]  # every weight alone
     assert bucket_ranges([], limit=6) == []
+
+
+def test_each_worker_gets_its_route_through_vllm_s_message_encoding():
+    """Out of process (vLLM's default, and always so on a GPU) collective_rpc's arguments reach the
+    engine core as msgpack, which writes a dataclass as a plain map: the worker got a dict, and
+    `route.via` raised AttributeError before any weight was sent."""
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    routes = plan_transfer({"actor": [0], ROLLOUT: [0, 1]}, engine_width=1)
+    for engine, route in enumerate(routes):
+        received = MsgpackDecoder().decode(MsgpackEncoder().encode(engine_routes(routes, engine)))
+        assert worker_route(received, route.worker) == route

@@ -3,12 +3,15 @@ actor, also for prompts whose KV the engines had cached before the update; a ZeR
 ranks gathers its weights in buckets and sends them to two vLLM engines by each route of
 transfer_plan.py: engines on bundles of their own over a gloo broadcast group from actor rank 0,
 engines on the actor's bundles (training.colocation: all) through shared-memory handles from the
-rank on their bundle."""
+rank on their bundle; and to one engine of two tensor-parallel workers (vLLM's multiprocessing
+executor, as on GPUs), each sent its weights. Each engine's core runs in a process of its own, as on a
+GPU: every call and argument of the sync crosses a process boundary (msgpack), as it does there."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import psutil
 import pytest
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -19,10 +22,16 @@ from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
+from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV, engine_env
 from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, Route
 from rlhf_trainer.workers.weight_sync import Handles, setup_weight_sync, sync_weights
 
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(autouse=True)
+def engine_core_in_its_own_process(monkeypatch):
+    monkeypatch.setenv(ENGINE_PROCESS_ENV, "own")
 
 # Asked before and after the update: vLLM's prefix cache keeps the KV of each prompt's whole blocks
 # (the last prompt, 208 tokens, spans several), and an engine that kept its cache would serve them
@@ -33,9 +42,10 @@ GREEDY = {"n": 1, "temperature": 0.0, "max_tokens": 12}
 # The tiny model's weights are 0.6-197 KiB each (1.3 MiB in all): 64 KiB buckets give several weights to
 # a bucket, the larger weights one alone, and more buckets than a handle sender keeps unopened.
 BUCKET_BYTES = 64 << 10
-# placement -> (its ranks, bundles, the route every engine takes)
-PLACEMENTS = {"separate": ({"actor": [0, 1], "rollout": [2, 3]}, 4, BROADCAST),
-              "colocated": ({"actor": [0, 1], "rollout": [0, 1]}, 2, HANDLES)}
+# placement -> (its ranks, bundles, the engines' tensor-parallel width, the route every vLLM worker takes)
+PLACEMENTS = {"separate": ({"actor": [0, 1], "rollout": [2, 3]}, 4, 1, BROADCAST),
+              "colocated": ({"actor": [0, 1], "rollout": [0, 1]}, 2, 1, HANDLES),
+              "tensor-parallel": ({"actor": [0, 1], "rollout": [2]}, 4, 2, BROADCAST)}
 
 
 def _hf_greedy(model_dir, prompt_ids: list[list[int]]) -> list[list[int]]:
@@ -85,6 +95,14 @@ def _update(actor: ModelGroup, tokenizer, prompt_ids: list[list[int]], outputs: 
                         generator=torch.Generator().manual_seed(0)))
 
 
+def test_the_engine_process_is_vllm_s_choice_on_gpu_and_an_unknown_one_is_refused(monkeypatch):
+    assert engine_env(use_gpu=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # "own", this module's
+    assert engine_env(use_gpu=True) == {}
+    monkeypatch.setenv(ENGINE_PROCESS_ENV, "gpu")
+    with pytest.raises(ValueError, match=f"{ENGINE_PROCESS_ENV}='gpu': use one of actor, own"):
+        engine_env(use_gpu=False)
+
+
 def test_a_handle_carries_the_tensors_shared_memory_not_its_bytes():
     """The colocated route on CPU: what travels through the store is a reference to the sender's
     shared memory (a few hundred bytes for a 4 MB bucket), and it opens as the sent values."""
@@ -107,19 +125,21 @@ def test_vllm_serves_the_updated_actor(placed, tiny_model, local_ray, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS]
 
-    ranks, bundles, route = PLACEMENTS[placed]
-    placement = Placement(use_gpu=False, bundles=bundles, ranks=ranks)
+    ranks, bundles, width, route = PLACEMENTS[placed]
+    placement = Placement(use_gpu=False, bundles=bundles, ranks=ranks, engine_width=width)
     group = create_placement_group(placement)
     actor = ModelGroup("actor", group, placement)
     training = TrainingSpec(zero_stage=3, bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
                             train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
     model = ModelSpec(path=str(tiny_model), dtype="float32")
-    engines = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
-                                     max_model_len=256, seed=0)
+    engines = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(tensor_parallel_size=width),
+                                     dtype="float32", max_model_len=256, seed=0)
     ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=model, training=training,
                                     optimizer_steps=2)))
+    for engine in engines:  # the engine core runs in a child of the actor's process
+        assert ray.get(engine.__ray_call__.remote(lambda self: [child.pid for child in psutil.Process().children()]))
     weight_sync = setup_weight_sync(actor, engines, placement, bucket_bytes=BUCKET_BYTES)
-    assert [r.via for r in weight_sync.routes] == [route] * len(engines)
+    assert [r.via for r in weight_sync.routes] == [route] * len(engines) * width  # one per vLLM worker
     before = [_vllm_greedy(engine, prompt_ids)[0] for engine in engines]
     assert before == [_hf_greedy(tiny_model, prompt_ids)] * len(engines)
 

@@ -10,13 +10,15 @@ so that neither fails a minute into the run.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS
-from rlhf_api.v1alpha1 import RLHFJobSpec
+from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
+from .memory_plan import GPU_MEMORY_MIB, local_config, plan_memory, refuse_unless_fits, shapes_of
 from .paths import model_path
 from .workers.group import Placement, plan_placement
 
@@ -41,9 +43,13 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
         if model is not None and model.lora is not None and model.lora.quantization != "none":
             for message in _qlora_problems(spec):
                 refuse(f"spec.models.{role}.lora.quantization", message)
-    if not uses_gpus(spec) and spec.rollout.tensor_parallel_size > 1:
-        refuse("spec.rollout.tensorParallelSize",
-               "tensor parallelism splits a vLLM engine over GPUs: set resources.gpusPerNode > 0, or 1 on CPU")
+    for role in ModelsSpec.model_fields:
+        model = getattr(spec.models, role)
+        # Checked here, on the driver, since the model groups would only fail to load once all had started.
+        if model is not None and model.attn_implementation == "flash_attention_2" and find_spec("flash_attn") is None:
+            refuse(f"spec.models.{role}.attnImplementation", "flash_attention_2 needs the flash-attn package, which "
+                   "this environment lacks: set attnImplementation: sdpa, or install flash-attn (in a cluster: set "
+                   "resources.image to a trainer image that has it)")
     if spec.training.colocation == "all" and spec.training.async_queue_size > 0:
         refuse("spec.training.asyncQueueSize",
                "with colocation all (hybrid engine) vLLM and training take turns on the same GPUs, so rollouts "
@@ -66,6 +72,7 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
             refuse("spec.training.trainBatchSize",
                    f"trainBatchSize {training.train_batch_size} must split into whole micro-batches on each of "
                    f"the {role}'s {ranks} ranks: make it a multiple of microTrainBatchSize * {ranks}")
+    _refuse_unless_memory_fits(spec, placement, base_dir)
     context = _context_length(spec, base_dir)
     if offline and context is not None and spec.data.max_tokens > context:
         refuse("spec.data.maxTokens", f"data.maxTokens {spec.data.max_tokens} exceeds the actor's context of "
@@ -142,6 +149,18 @@ def _qlora_problems(spec: RLHFJobSpec) -> list[str]:
         problems.append("QLoRA needs bitsandbytes, which this trainer image lacks: use an image with it, or "
                         "quantization none")
     return problems
+
+
+def _refuse_unless_memory_fits(spec: RLHFJobSpec, placement: Placement, base_dir: Path) -> None:
+    """The memory plan (memory_plan.py) on GPUs of the job's gpuProduct, when their size is known and the
+    models' configs are local (hub models are not fetched here: `rlhf validate --gpu` plans those)."""
+    if not uses_gpus(spec) or spec.resources.gpu_product not in GPU_MEMORY_MIB:
+        return
+    try:
+        shapes = shapes_of(spec, placement, local_config(None, base_dir, spec))
+    except FileNotFoundError:
+        return
+    refuse_unless_fits(plan_memory(spec, placement, shapes, spec.resources.gpu_product))
 
 
 def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:

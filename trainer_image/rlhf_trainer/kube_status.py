@@ -5,6 +5,8 @@ else. Reporting must never slow or stop training, so the training thread only ha
 a sender thread and returns. Updates are merge patches, and the outbox holds one: a newer update
 merges over an older one not yet sent (the newest value of each field wins, and no field an older
 update set is lost), so it stays one status's size however long the API server is away. The
+trainer's one condition (learning_signal.py) is written into the operator's conditions list by a
+read and a write conditional on what was read. The
 sender retries failed patches with jittered backoff (at most SENDER_BACKOFF.cap apart, or the
 server's Retry-After) until they go through; only a refusal that no retry can change (a 4xx other
 than 408, 409 or 429) drops the update it was for.
@@ -23,6 +25,7 @@ from typing import Any
 from rlhf_api import contract
 from rlhf_api import v1alpha1 as api
 
+from . import learning_signal
 from .backoff import Backoff, retry_after
 
 log = logging.getLogger(__name__)
@@ -31,17 +34,26 @@ RESULTS = {"succeeded": "Succeeded", "failed": "Failed"}
 SENDER_BACKOFF = Backoff(base=0.5, cap=10.0)  # an API server back from a restart hears from us within ~10 s
 REQUEST_TIMEOUT = 10.0  # seconds per patch: a hung connection must not hold newer updates back
 FINISH_TIMEOUT = 30.0  # seconds finish() waits for the final status to be delivered
+CONDITION_KEY = "condition"  # in an update: learning_signal's condition, written into status.conditions
+CONFLICT_ATTEMPTS = 5  # reads and conditional writes of the conditions list before the sender's backoff
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+STATUS_DIGITS = 4  # significant digits of a metric in status: `kubectl get` shows them (the full ones are in metrics.jsonl)
+
+
+def _rounded(value: float) -> float:
+    return float(f"{float(value):.{STATUS_DIGITS}g}")
+
+
 def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """The trainer's metrics that status.metrics has fields for, under their API names."""
-    known: dict = {k: float(v) for k, v in metrics.items() if k in api.Metrics.model_fields and k != "evaluation"}
+    """The trainer's metrics that status.metrics has fields for, under their API names, to STATUS_DIGITS."""
+    known: dict = {k: _rounded(v) for k, v in metrics.items() if k in api.Metrics.model_fields and k != "evaluation"}
     # eval/<set>/<metric> and eval/best/... (evaluation.py) under status.metrics.evaluation
-    evaluation = {k.removeprefix("eval/"): float(v) for k, v in metrics.items() if k.startswith("eval/")}
+    evaluation = {k.removeprefix("eval/"): _rounded(v) for k, v in metrics.items() if k.startswith("eval/")}
     return api.Metrics(**known, evaluation=evaluation or None).model_dump(by_alias=True, exclude_none=True)
 
 
@@ -128,6 +140,10 @@ class KubernetesStatusReporter:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._progress(step)
         self.held["metrics"] = status_metrics(metrics)
+        if (condition := learning_signal.condition(metrics)) is not None:
+            # Sent with every update while it holds: the operator writes the conditions list whole and may
+            # have dropped ours from a read older than our write.
+            self.held[CONDITION_KEY] = condition
         if self.last_handed is None or self.clock() - self.last_handed >= self.min_interval:
             self._hand_over()
 
@@ -218,12 +234,40 @@ class KubernetesStatusReporter:
                 self.changed.wait_for(lambda: self.closed, delay)
 
     def _patch(self, body: dict[str, Any]) -> Exception | None:
+        status = {field: value for field, value in body.items() if field != CONDITION_KEY}
         try:
             # A merge patch on the status subresource: it touches only these fields, so it cannot
             # clobber the operator's phase and conditions, and needs no resourceVersion.
-            self.api.patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": body},
-                _request_timeout=self.request_timeout)
+            if status:
+                self._patch_status({"status": status})
+            if condition := body.get(CONDITION_KEY):
+                self._put_condition(condition)
         except Exception as error:  # noqa: BLE001 - whatever failed, training goes on
             return error
         return None
+
+    def _patch_status(self, body: dict[str, Any]) -> None:
+        self.api.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
+                                                       body, _request_timeout=self.request_timeout)
+
+    def _put_condition(self, condition: dict[str, str]) -> None:
+        """One condition of the list the operator writes (status.py keeps the types it does not own): a list is
+        replaced whole by a merge patch, so the write is conditional on the version read, and read again on a
+        conflict. lastTransitionTime moves only when the condition's status flips."""
+        for attempt in range(CONFLICT_ATTEMPTS):
+            job = self.api.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
+                                                        _request_timeout=self.request_timeout)
+            conditions = (job.get("status") or {}).get("conditions") or []
+            old = next((c for c in conditions if c["type"] == condition["type"]), None)
+            if old and all(old.get(key) == value for key, value in condition.items()):
+                return
+            since = old["lastTransitionTime"] if old and old["status"] == condition["status"] else _now()
+            conditions = [c for c in conditions if c["type"] != condition["type"]] + [
+                condition | {"lastTransitionTime": since}]
+            try:
+                self._patch_status({"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
+                                    "status": {"conditions": conditions}})
+                return
+            except Exception as error:  # noqa: BLE001 - a conflict is tried again; the rest is the sender's
+                if getattr(error, "status", None) != 409 or attempt == CONFLICT_ATTEMPTS - 1:
+                    raise

@@ -29,7 +29,7 @@ from .paths import checkpoint_dir, model_path
 from .reporting import Reporter
 from .timing import PhaseTimer
 from .workers.engine import TRAINED_ROLES, ModelConfig
-from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_group
+from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_group, trained_rank_env
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,9 @@ class RunLoop(ABC):
     def _start_groups(self, **config: Any) -> list[ray.ObjectRef]:
         """A ModelGroup per role of the placement, loading its model with ModelConfig(..., **config);
         wait on the returned refs."""
-        self.groups = {role: ModelGroup(role, self.placement_group, self.placement)
+        trained_env = trained_rank_env(self.spec, self.placement.use_gpu)
+        self.groups = {role: ModelGroup(role, self.placement_group, self.placement,
+                                        env=trained_env if role in TRAINED_ROLES else None)
                        for role, bundles in self.placement.ranks.items() if role != ROLLOUT and bundles}
         setups = [ref for role, group in self.groups.items() for ref in group.setup(self._model_config(role, **config))]
         for role, owner in self.placement.shared.items():  # e.g. a LoRA actor's base as the reference

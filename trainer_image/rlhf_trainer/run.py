@@ -124,6 +124,9 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
     return EXIT_OK
 
 
+START_ATTEMPTS = 3
+
+
 def _start_local_ray(num_cpus: int, temp_dir: str):
     """A private Ray node holding only what a run uses, this process connected to it: GCS, raylet (with
     the dashboard and runtime-env agents it cannot run without) and the log monitor that prints the
@@ -131,6 +134,7 @@ def _start_local_ray(num_cpus: int, temp_dir: str):
     it only reports usage statistics) and the autoscaler's monitor (a fixed local node has nothing to
     scale), ~0.2 GB and ~2 s of start-up. ray.init has no switch for either, hence Ray's Node class
     (Ray is pinned to 2.60.x; tests/trainer/test_lean_start.py checks the processes)."""
+    import psutil
     import ray
     from ray._private.node import Node
     from ray._private.parameter import RayParams
@@ -140,14 +144,36 @@ def _start_local_ray(num_cpus: int, temp_dir: str):
             pass
 
     # spawn_reaper: Ray's reaper stops the node's processes if this one dies before kill_all_processes.
-    node = LocalNode(RayParams(num_cpus=num_cpus, include_dashboard=False, temp_dir=temp_dir, no_monitor=True),
-                     head=True, shutdown_at_exit=False, spawn_reaper=True)
+    # Ray gives its raylet a fixed 30 s to register (its dashboard agent, a Python process, must start first); a
+    # machine busy enough to exceed it gets START_ATTEMPTS tries in all.
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            node = LocalNode(RayParams(num_cpus=num_cpus, include_dashboard=False, temp_dir=temp_dir,
+                                       no_monitor=True), head=True, shutdown_at_exit=False, spawn_reaper=True)
+            break
+        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if attempt == START_ATTEMPTS or "timed out during startup" not in str(error):
+                raise
+            print("Ray's node did not register in time (a busy machine): starting it again", flush=True)
+            for process in psutil.Process().children(recursive=True):  # the first node's GCS, raylet ...
+                if _runs_in(process, temp_dir):  # (not other children: a test runner's image build, say)
+                    process.kill()
     try:
         ray.init(address=node.address)
     except BaseException:
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         raise
     return node
+
+
+def _runs_in(process, temp_dir: str) -> bool:
+    """Whether a process of Ray's names the node's temp dir on its command line (each does: logs, sockets)."""
+    import psutil
+
+    try:
+        return any(temp_dir in arg for arg in process.cmdline())
+    except psutil.Error:  # gone already
+        return False
 
 
 def _stop_now(*_) -> None:

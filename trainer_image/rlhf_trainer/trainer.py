@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import ray
 import torch
@@ -44,7 +44,7 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import RLHFJob
 
-from . import checkpoint
+from . import checkpoint, learning_signal
 from .algorithms import AdvantageConfig, AdvantageInputs, compute_advantages, compute_kl, kl_in_reward
 from .data import PromptDataset, PromptItem, PromptLoader
 from .environments import environment_factory
@@ -70,6 +70,15 @@ class PendingRollout:
     samples_per_prompt: int
 
 
+def in_turns(placement: Placement, roles: list[str], start: Callable[[str], Any], wait: Callable[[Any], Any]) -> dict:
+    """{role: wait(start(role))}: every role started before any is waited for, or, when the roles share
+    bundles (one model's activations and gradients at a time on a GPU), each after the last ended."""
+    if placement.colocated(*roles):
+        return {role: wait(start(role)) for role in roles}
+    started = {role: start(role) for role in roles}
+    return {role: wait(handle) for role, handle in started.items()}
+
+
 class Trainer(RunLoop):
     data_key = "prompts"
 
@@ -88,18 +97,26 @@ class Trainer(RunLoop):
         self.evaluation = self.spec.evaluation and Evaluation(
             self.spec.evaluation, self.spec.data, self.tokenizer, base_dir=self.base_dir, seed=self.training.seed)
         self.best = checkpoint.best_record(self.checkpoint_dir) if self.spec.checkpoint.resume else None
+        self.signal = learning_signal.Streak()
         self._start()
 
     def _start_workers(self) -> None:
         placement = self.placement
-        # The engines first: vLLM takes the longest to start, and the model groups load meanwhile.
+        # The engines first: vLLM takes the longest to start, and the model groups load meanwhile
+        # unless they share bundles with it.
         self.engines = create_rollout_engines(
             self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
             max_model_len=self.spec.data.max_prompt_tokens + self.rollout.max_new_tokens,
             seed=self.training.seed, revision=self.spec.models.actor.revision,
-            sleep_mode=placement.use_gpu and self.training.colocation == "all",
+            sleep_mode=placement.use_gpu and placement.engines_colocated,
+            memory_utilization=self.spec.engine_memory_utilization,
             sequences=-(-self.training.rollout_batch_size // self.rollout.engines) * self.rollout.samples_per_prompt,
         )
+        if placement.engines_colocated:
+            # vLLM counts the memory it finds free at start as its own: the models load once it is up
+            # (asleep on GPUs, its weights in host memory, until the first rollout).
+            ray.get([engine.ready.remote() for engine in self.engines])
+            self._engines_sleep(level=1)
         setups = self._start_groups(temperature=self.rollout.temperature, optimizer_steps=max(self.optimizer_steps, 1),
                                     max_new_tokens=self.rollout.max_new_tokens)
         reward_model = self.groups.get("reward")
@@ -110,6 +127,7 @@ class Trainer(RunLoop):
             self.runner = start_runner(self.spec.environment, self.base_dir, self.actor_path, self.engines,
                                        self.rollout.max_new_tokens, revision=self.spec.models.actor.revision)
         ray.get(setups)
+        self._engines_wake(None)
         self.weight_sync = setup_weight_sync(self.actor, self.engines, placement,
                                              bucket_bytes=self.rollout.weight_sync_bucket_mib << 20)
 
@@ -140,19 +158,19 @@ class Trainer(RunLoop):
             started = time.perf_counter()
             current = queue.popleft()
             rollout, metrics = self._collect(current, batches)
-            self._vllm_sleep(True)
+            self._engines_sleep(level=2)  # the weights too: the sync after training replaces them
             with self.timer.phase("experience"):
                 experience, rollout_metrics = self._make_experience(rollout)
             metrics.update(rollout_metrics)
+            metrics[learning_signal.METRIC] = self.signal.observe(rollout.reward.total, current.samples_per_prompt)
             metrics["rollout_seconds"] = time.perf_counter() - started
             metrics["epoch"] = self._epoch(current.data_position)  # prompts seen, in epochs
 
             started = time.perf_counter()
             with self.timer.phase("update"):
                 metrics.update(self._train(experience))
-            self._vllm_sleep(False)
             with self.timer.phase("weight_sync"):
-                self._sync_weights()
+                self._wake_and_sync()
             metrics["update_seconds"] = time.perf_counter() - started
             if self.evaluation and self.evaluation.due(step, self.total_steps):
                 with self.timer.phase("evaluation", split=False):
@@ -212,12 +230,29 @@ class Trainer(RunLoop):
             "dynamic_sampling/sampled_reward_mean": sampled.mean().item(),
         }
 
-    def _vllm_sleep(self, asleep: bool) -> None:
-        """Hybrid engine (colocation all) on GPUs: vLLM frees its GPU memory while the models score
-        and train, and takes it back before the weight sync. UNTESTED (no GPUs here); on CPU
-        vLLM's sleep does nothing, and nothing is called."""
-        if self.placement.use_gpu and self.training.colocation == "all":
-            ray.get([(engine.sleep if asleep else engine.wake_up).remote() for engine in self.engines])
+    @property
+    def _hybrid(self) -> bool:
+        """Engines on the models' GPUs (colocation all): vLLM sleeps while they score and train. vLLM's sleep
+        needs CUDA; on CPU the engines stay up, and the order below is what the tests check."""
+        return self.placement.use_gpu and self.placement.engines_colocated
+
+    def _engines_sleep(self, level: int) -> None:
+        if self._hybrid:
+            ray.get([engine.sleep.remote(level) for engine in self.engines])
+
+    def _engines_wake(self, tags: list[str] | None) -> None:
+        if self._hybrid:
+            ray.get([engine.wake_up.remote(tags) for engine in self.engines])
+
+    def _wake_and_sync(self) -> None:
+        """The actor's new weights to the engines. The hybrid engine wakes in the memory plan's order: the
+        models' cached blocks handed back, vLLM's weights allocated and synced, then its KV cache (woken
+        first, the cache would claim its share of a GPU still holding the passes' blocks)."""
+        if self._hybrid:
+            ray.get([ref for group in self.groups.values() for ref in group.call("release_memory")])
+            self._engines_wake(["weights"])
+        self._sync_weights()
+        self._engines_wake(["kv_cache"])
 
     # -- 2-5. experience -------------------------------------------------------------------------
 
@@ -252,14 +287,15 @@ class Trainer(RunLoop):
     def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
                               action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """3. the actor's and (with a KL penalty) the reference's log-probs of the response tokens, and
-        (ppo) the critic's values; each group working on the whole batch, all groups at once."""
+        (ppo) the critic's values; each group working on the whole batch, all groups at once unless
+        they share bundles (then one after another)."""
         num_actions = action_mask.shape[1]
-        started = {role: self.groups[role].start_forward(sequences, attention_mask, num_actions)
-                   for role in ("actor", "reference", "critic") if role in self.groups}
-        log_probs = started["actor"]()
-        base_log_probs = started["reference"]() if "reference" in started else None
-        values = started["critic"]() * action_mask if "critic" in started else None
-        return log_probs, base_log_probs, values
+        roles = [role for role in ("actor", "reference", "critic") if role in self.groups]
+        results = in_turns(self.placement, roles,
+                           lambda role: self.groups[role].start_forward(sequences, attention_mask, num_actions),
+                           lambda result: result())
+        values = results["critic"] * action_mask if "critic" in results else None
+        return results["actor"], results.get("reference"), values
 
     def _kl(self, log_probs: Tensor, base_log_probs: Tensor | None,
             action_mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -332,8 +368,11 @@ class Trainer(RunLoop):
         generator = torch.Generator().manual_seed(self.training.seed * 100_003 + self.step)
         options = dict(train_batch_size=self.training.train_batch_size,
                        micro_batch_size=self.training.micro_train_batch_size, epochs=self.training.epochs)
-        pending = {role: g.train(experience, generator=generator, **options) for role, g in self.trained_groups.items()}
-        return {key: value for refs in pending.values() for key, value in mean_metrics(refs).items()}
+        groups = self.trained_groups
+        metrics = in_turns(self.placement, list(groups),
+                           lambda role: groups[role].train(experience, generator=generator, **options),
+                           mean_metrics)
+        return {key: value for role_metrics in metrics.values() for key, value in role_metrics.items()}
 
     # -- evaluation --------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from .evaluation import EvaluationSpec
 from .models import ModelsSpec
 from .resources import CheckpointSpec, ResourcesSpec
 from .reward import RewardSpec
-from .training import RolloutSpec, TrainingSpec
+from .training import ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED, RolloutSpec, TrainingSpec
 from .tracking import TrackingSpec
 
 Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
@@ -30,6 +30,11 @@ QUEUE_IMMUTABLE = ("spec.queueName cannot be set, changed or removed after creat
 # frees a finished job's quota at once: a kept cluster would hold GPUs the queue hands to the next job.
 KEEP_QUEUED = ("a queued job's cluster cannot be kept: Kueue frees a finished job's quota at once and refuses a RayJob "
                "that keeps its cluster; remove spec.keepFailedCluster or spec.queueName")
+
+# flash-attn is on PyPI only as a source distribution (a CUDA build of hours), so the trainer image has
+# none: a model asking for it failed to load after the whole Ray cluster had started.
+FLASH_ATTENTION_NEEDS_IMAGE = ("the default trainer image has no flash-attn: set attnImplementation: sdpa, or set "
+                               "resources.image to a trainer image with flash-attn installed")
 
 
 class KeepFailedCluster(APIModel):
@@ -93,6 +98,9 @@ class RLHFJobSpec(APIModel):
          "resources.topology is carried out by Kueue's Topology-Aware Scheduling: set spec.queueName to a LocalQueue whose "
          "ClusterQueue has a ResourceFlavor with a topologyName, or remove resources.topology", ".resources.topology"),
         ("!has(self.keepFailedCluster) || !has(self.queueName)", KEEP_QUEUED, ".keepFailedCluster"),
+        *((f"!has(self.models.{role}) || self.models.{role}.attnImplementation != 'flash_attention_2' || "
+           "has(self.resources.image)", FLASH_ATTENTION_NEEDS_IMAGE, f".models.{role}.attnImplementation")
+          for role in ModelsSpec.model_fields),
     )
 
     algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(
@@ -142,6 +150,13 @@ class RLHFJobSpec(APIModel):
         the trainer's config (`rlhf validate`'s defaults) read the values the stored job shows."""
         self.training = self.training.with_defaults(self.algorithm)
         return self
+
+    @property
+    def engine_memory_utilization(self) -> float:
+        """rollout.gpuMemoryUtilization, or its default for the job's colocation."""
+        if self.rollout.gpu_memory_utilization is not None:
+            return self.rollout.gpu_memory_utilization
+        return ENGINE_MEMORY_SHARED if self.training.colocation == "all" else ENGINE_MEMORY_ALONE
 
     def code_config_maps(self) -> list[CodeConfigMap]:
         """Every ConfigMap of Python code the job loads (function rewards', the environment's): the

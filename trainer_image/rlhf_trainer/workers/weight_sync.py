@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 import pickle
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Iterator
 
-import ray
 import torch
 from torch import Tensor
 
-from .distributed import backend, join_store
+from .distributed import backend, join_store, require_locked_memory
 from .transfer_plan import HANDLES, Route, broadcast_bundles, bucket_ranges, plan_transfer
 
 # Every member waits at most this long for the others, at the rendezvous and in each broadcast.
@@ -68,6 +67,8 @@ class SyncGroup:
         from torch import distributed
 
         self.device = device
+        if device.type == "cuda":
+            require_locked_memory()
         process_group = getattr(distributed, _PROCESS_GROUPS[backend(use_gpu=device.type == "cuda")])
         self.process_group = process_group(store, rank, world_size, SYNC_TIMEOUT)
 
@@ -150,7 +151,7 @@ class Handles:
         return tensor
 
 
-# -- driver --------------------------------------------------------------------------------------
+# -- driver (Ray is imported here only: the receiving side and benchmarks/gpu_check.py run without it) --
 
 
 @dataclass
@@ -167,13 +168,14 @@ class WeightSync:
 def setup_weight_sync(actor_group, engines: list, placement, bucket_bytes: int) -> WeightSync:
     """Plan each worker's route from the placement (group.Placement), open the store on actor rank
     0, form the broadcast group (when a worker receives by broadcast) and the handle channels."""
+    import ray
+
     _wait_until_idle(engines)
     routes = plan_transfer(placement.ranks, placement.engine_width)
     world_size = len(broadcast_bundles(placement.ranks, routes))
     sender = actor_group.workers[0]
     master_addr, master_port = ray.get(sender.open_weight_sync.remote(world_size))
-    receivers = [engine.init_weight_sync.remote(master_addr, master_port, world_size,
-                                                {route.worker: route for route in routes if route.engine == index})
+    receivers = [engine.init_weight_sync.remote(master_addr, master_port, world_size, engine_routes(routes, index))
                  for index, engine in enumerate(engines)]
     senders = [worker.join_weight_sync.remote(master_addr, master_port, world_size,
                                               [route for route in routes if route.sender == rank])
@@ -183,8 +185,21 @@ def setup_weight_sync(actor_group, engines: list, placement, bucket_bytes: int) 
     return WeightSync(actor_group, engines, routes, announced, bucket_bytes)
 
 
+def engine_routes(routes: list[Route], engine: int) -> dict[int, dict]:
+    """The routes of one engine's workers by tensor-parallel rank, as plain maps: vLLM hands
+    collective_rpc's arguments to an engine core in another process as msgpack, which would turn a
+    Route into a map anyway (worker_route builds it back)."""
+    return {route.worker: asdict(route) for route in routes if route.engine == engine}
+
+
+def worker_route(routes: dict[int, dict], rank: int) -> Route:
+    return Route(**routes[rank])
+
+
 def sync_weights(weight_sync: WeightSync, *, dtype: str) -> None:
     """Push the actor's current weights to every rollout engine; returns once they serve them."""
+    import ray
+
     _wait_until_idle(weight_sync.engines)
     receiving = [engine.receive_weights.remote(weight_sync.announced, dtype, weight_sync.bucket_bytes)
                  for engine in weight_sync.engines]
@@ -195,6 +210,8 @@ def _wait_until_idle(engines: list) -> None:
     """Return once every engine has done the calls queued before (its start, rollouts still being
     generated): the other members would wait for a busy one inside a collective, which gives up
     after SYNC_TIMEOUT."""
+    import ray
+
     ray.get([engine.ready.remote() for engine in engines])
 
 
@@ -221,10 +238,10 @@ def send_parameters(model, targets: list, dtype: torch.dtype, bucket_bytes: int)
 class WeightSyncExtension:
     """Mixed into vLLM's worker, on CPU and GPU (vLLM's `worker_extension_cls`)."""
 
-    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int, routes: dict[int, Route]) -> None:
+    def init_weight_sync(self, master_addr: str, master_port: int, world_size: int, routes: dict[int, dict]) -> None:
         from vllm.distributed.parallel_state import get_world_group
 
-        route = routes[get_world_group().rank]
+        route = worker_route(routes, get_world_group().rank)
         store = sync_store(join_store(master_addr, master_port, world_size, SYNC_TIMEOUT))
         self.weight_source = (Handles(store, route, self.device) if route.via == HANDLES
                               else SyncGroup(store, route.sync_rank, world_size, self.device))

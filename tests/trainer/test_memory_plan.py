@@ -1,0 +1,129 @@
+"""The GPU memory plan (rlhf_trainer/memory_plan.py): parameter counts equal the models' own, the bytes
+per GPU and phase follow from them by the rules the module states, and a job that cannot fit is refused
+with its numbers, by `rlhf validate --gpu` and by `rlhf run` before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config
+
+from rlhf_api.validation import InvalidJob, validate
+from rlhf_operator.cli import main
+from rlhf_trainer.memory_plan import (CUDA_CONTEXT, GIB, Shape, gpu_bytes, local_config, plan_job,
+                                      refuse_unless_fits)
+from rlhf_trainer.tiny import build_tiny_model
+
+EXAMPLES = Path(__file__).parents[2] / "manifests" / "examples"
+CONFIGS = EXAMPLES / "model-configs"
+LLAMA3_8B = CONFIGS / "meta-llama" / "Meta-Llama-3-8B"
+QWEN25_7B = CONFIGS / "Qwen" / "Qwen2.5-7B-Instruct"
+
+
+def _counted(config, value_head: bool) -> int:
+    """The parameters transformers builds for this config (on the meta device: no memory)."""
+    auto = AutoModelForSequenceClassification if value_head else AutoModelForCausalLM
+    config.num_labels = 1
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("value_head", [False, True], ids=["lm", "value-head"])
+@pytest.mark.parametrize("model", ["llama3-8b", "qwen2.5-7b", "tiny-qwen2", "tiny-gpt2"])
+def test_parameters_counted_from_the_config_equal_the_models(model, value_head, tmp_path):
+    if model == "tiny-qwen2":
+        path = build_tiny_model(tmp_path / "tiny")
+    elif model == "tiny-gpt2":
+        GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=2).save_pretrained(tmp_path)
+        path = tmp_path
+    else:
+        path = LLAMA3_8B if model == "llama3-8b" else QWEN25_7B
+    config = json.loads((path / "config.json").read_text())
+    assert Shape.from_config(config, value_head).params == _counted(AutoConfig.from_pretrained(path), value_head)
+
+
+def test_the_published_sizes():
+    assert Shape.from_config(json.loads((LLAMA3_8B / "config.json").read_text())).params == 8_030_261_248
+    assert Shape.from_config(json.loads((QWEN25_7B / "config.json").read_text())).params == 7_615_616_512
+
+
+def _job(name: str, **changes) -> object:
+    manifest = __import__("yaml").safe_load((EXAMPLES / f"{name}-job.yaml").read_text())
+    for dotted, value in changes.items():
+        *path, last = dotted.split(".")
+        node = manifest["spec"]
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return validate(manifest).spec
+
+
+def _plan(spec, gpu="NVIDIA-H100-80GB-HBM3"):
+    return plan_job(spec, gpu, local_config(CONFIGS, EXAMPLES, spec))
+
+
+def test_grpo_example_bytes_per_gpu_follow_from_the_parameters():
+    """8 GPUs all shared (colocation all): ZeRO-3 splits the actor's and the reference's weights 8 ways, the
+    actor's gradients and AdamW state too; vLLM's share is 0.5 of each GPU while it samples."""
+    spec = _job("grpo")
+    plan = _plan(spec)
+    params, total = 7_615_616_512, gpu_bytes("NVIDIA-H100-80GB-HBM3")
+    assert total == 81559 << 20
+    gpu = plan.gpus[0]
+    actor, reference = gpu.processes
+    assert actor.held == {"weights": params * 2 // 8, "gradients": params * 2 // 8, "optimizer": params * 12 // 8}
+    assert reference.held == {"weights": params * 2 // 8}
+    assert gpu.engine_share == 0.5
+    resident = actor.resident + reference.resident
+    assert actor.resident == sum(actor.held.values()) + CUDA_CONTEXT
+    assert gpu.phase("generate", total) == resident + int(0.5 * total)
+    # the passes take turns: the larger of the two models' scoring passes, not their sum
+    assert gpu.phase("score", total) == resident + max(actor.extra["score"], reference.extra["score"])
+    assert gpu.phase("train", total) == resident + actor.extra["train"]
+    assert plan.fits and all(len(g.processes) == 2 for g in plan.gpus)
+
+
+@pytest.mark.parametrize("change, fits", [
+    ({}, True),
+    ({"training.zeroStage": 1}, False),  # each rank keeps all weights and gradients: 8x more of both
+    ({"training.zeroStage": 1, "training.offloadOptimizer": True, "rollout.gpuMemoryUtilization": 0.3}, True),
+])
+def test_zero_stage_offload_and_vllm_s_share_move_the_peak(change, fits):
+    assert _plan(_job("grpo", **change)).fits is fits
+
+
+def test_a_job_that_does_not_fit_is_refused_with_its_numbers_and_what_to_change():
+    plan = _plan(_job("grpo"), gpu="NVIDIA-L4")
+    assert not plan.fits
+    with pytest.raises(InvalidJob) as refused:
+        refuse_unless_fits(plan)
+    message = str(refused.value)
+    gpu, phase, used = plan.peak()
+    assert f"GPU {gpu.index} would hold {used / GIB:.1f} GiB of {plan.total / GIB:.1f} GiB" in message
+    assert "zeroStage 3, offloadOptimizer" in message and "more GPUs" in message
+    assert "actor rank 0: weights" in message  # the plan itself
+
+
+def test_rlhf_validate_prints_the_plan_of_each_gpu_example_and_fails_one_that_does_not_fit(capsys):
+    examples = sorted(str(p) for p in EXAMPLES.glob("*-job.yaml"))
+    assert main(["validate", "--gpu", "NVIDIA-H100-80GB-HBM3", "--model-configs", str(CONFIGS), *examples]) == 0
+    out = capsys.readouterr().out
+    assert out.count("peak: GPU") == sum("gpusPerNode: 0" not in Path(p).read_text() for p in examples)
+    assert out.count("runs on CPU") == sum("gpusPerNode: 0" in Path(p).read_text() for p in examples)
+    assert "DOES NOT FIT" not in out
+    assert main(["validate", "--gpu", "24GiB", "--model-configs", str(CONFIGS), str(EXAMPLES / "ppo-job.yaml")]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_rlhf_run_refuses_a_gpu_job_that_cannot_fit_before_any_model_loads(toy_job, tmp_path, capsys):
+    """The actor on a local path (its config.json read, no weights there): 8 GPUs of 24 GB cannot hold
+    Llama-3-8B's training state beside vLLM's share."""
+    job = toy_job(**{"models.actor.path": str(LLAMA3_8B), "resources.gpusPerNode": 8,
+                     "resources.gpuProduct": "NVIDIA-L4", "training.colocation": "all", "training.zeroStage": 1})
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "spec.resources: the job does not fit NVIDIA-L4" in error and "actor rank 0" in error, error
