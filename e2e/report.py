@@ -23,6 +23,7 @@ from e2e.controlplane import cache_dir
 from e2e.parallel import RECORD, last_times, module_of
 
 SLOWEST_MODULES = 15
+REASON_CHARS = 400  # of each failure's reason, repeated at the very end of the output
 
 
 def phase_of(nodeid: str) -> str:
@@ -74,6 +75,7 @@ class SuiteReport:
         self.module_spans: dict[str, list[float]] = {}  # module -> [first start, last end]: where it sat in the run
         self.module_workers: dict[str, str] = {}
         self.cpu = cpu_times()
+        self.not_passed: list[str] = []  # "<nodeid> (<phase>): <reason>" of each failed or errored test phase
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Reports reach the controller as each phase of a test ends (under xdist too): its end is now.
@@ -88,6 +90,8 @@ class SuiteReport:
             self.module_workers[module] = node.gateway.id
         if report.when == "call":
             self.tests[phase] += 1
+        if report.failed:
+            self.not_passed.append(f"{report.nodeid} ({report.when}): {_reason(report)}")
 
     # The outermost wrapper, printing after pytest's own summary (failures, durations, short summary):
     # the last lines of a long run's output are often all that a CI log shows.
@@ -116,11 +120,22 @@ class SuiteReport:
         for module, seconds in self.modules.most_common(SLOWEST_MODULES):
             first, last = self.module_spans[module]
             write(f"{seconds:8.0f} s  {module}  ({self.module_workers.get(module, 'main')}, {first:.0f}-{last:.0f} s)")
+        if self.not_passed:  # again, last: pytest's short summary is far above in a long run's log
+            terminalreporter.section(f"{len(self.not_passed)} failed or errored (a failure's phase: setup, call or teardown)")
+            for line in self.not_passed:
+                write(line)
         # The next run hands out the longest units first (e2e/parallel.py). Only a whole run's times are kept: a
         # module of which `-k` picked one test took seconds, and recorded so it went out last in the next run.
         if whole_suite(terminalreporter.config):
             cache_dir().mkdir(parents=True, exist_ok=True)
             (cache_dir() / RECORD).write_text(json.dumps({**last_times(), **self.modules}, indent=0, sort_keys=True))
+
+
+def _reason(report: pytest.TestReport) -> str:
+    """The failure's one-line cause: the crash message pytest shows in its short summary, else the report's end."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    reason = crash.message if crash else str(report.longrepr).strip().rsplit("\n", 1)[-1]
+    return " ".join(reason.split())[:REASON_CHARS]
 
 
 def whole_suite(config: pytest.Config) -> bool:

@@ -194,3 +194,26 @@ def test_only_a_whole_run_records_its_module_times(args, whole):
         assert report.whole_suite(config) is whole
     finally:
         config._ensure_unconfigure()
+
+
+def test_the_reports_last_lines_name_what_failed_and_why(tmp_path):
+    """A CI log keeps only the output's tail: the run of 974d7f3 ended '1 error' with the test's name cut
+    off above. The report names each failed or errored phase, with its cause, after everything else."""
+    (tmp_path / "test_mixed.py").write_text(
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def broken():\n"
+        "    raise RuntimeError('the fixture broke')\n"
+        "def test_passes():\n    pass\n"
+        "def test_fails():\n    assert 1 == 2, 'one is not two'\n"
+        "def test_errors(broken):\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "e2e.report", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=Path(report.__file__).parents[1], env={**os.environ, "RLHF_CACHE": str(tmp_path / "cache")},
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:]
+    tail = result.stdout.strip().splitlines()[-4:-1]  # the last line is pytest's count
+    assert "2 failed or errored" in tail[0], result.stdout[-3000:]
+    assert tail[1].startswith("test_mixed.py::test_fails (call): AssertionError: one is not two"), tail
+    assert tail[2] == "test_mixed.py::test_errors (setup): RuntimeError: the fixture broke", tail
