@@ -17,11 +17,13 @@ Stopped, pods and all, with `make dev-cluster-down`. Needs root (the runtime's n
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator
 
 import yaml
 from kubernetes import client
@@ -108,8 +110,23 @@ def log(line: str) -> None:
     print(f"# {line}", file=sys.stderr)  # stdout is the KUBECONFIG export alone
 
 
-def up(state: Path) -> int:
-    if controlplane(["--state-dir", str(state), "up", "--no-kwok"]) != 0:
+@contextlib.contextmanager
+def stdout_for_the_export() -> Iterator[IO[str]]:
+    """The real stdout, for the KUBECONFIG export alone (`eval "$(make -s dev-cluster-up)"` runs it); meanwhile
+    whatever else reaches file descriptor 1, from this process or its children, goes to stderr: a library
+    that logs to stdout on import (DeepSpeed's accelerator warning, when transformers loads it to build the
+    tiny model on a fresh clone) would otherwise be run by the shell."""
+    sys.stdout.flush()
+    real = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    try:
+        yield real
+    finally:
+        real.close()
+
+
+def up(state: Path, export: IO[str]) -> int:
+    if controlplane(["--state-dir", str(state), "up", "--no-kwok"]) != 0:  # its export line goes to stderr here
         return 1
     cp = ControlPlane.attach(state)
     operator_image, trainer_image = images.build(images.OPERATOR, log), images.build(images.TRAINER_CPU, log)
@@ -122,7 +139,8 @@ def up(state: Path) -> int:
     print(f"# the operator ({operator_image}) runs on node {node}; jobs default to {trainer_image}\n"
           f"# then: kubectl apply -f {EXAMPLE.relative_to(ROOT)}; kubectl get rlhfjobs -w; rlhf logs -f tiny-grpo\n"
           f"# stop with: make dev-cluster-down", file=sys.stderr)
-    return 0  # (`up` printed the KUBECONFIG export on stdout: eval "$(make -s dev-cluster-up)")
+    print(f"export KUBECONFIG={cp.kubeconfig}", file=export)  # only once the cluster is ready to use
+    return 0
 
 
 def main() -> int:
@@ -130,8 +148,10 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-dir", type=Path, default=dev_state_dir(),
                         help="the control plane's state dir (default: %(default)s)")
+    state = parser.parse_args().state_dir
     try:
-        return up(parser.parse_args().state_dir)
+        with stdout_for_the_export() as export:
+            return up(state, export)
     except (ControlPlaneError, subprocess.CalledProcessError, RuntimeError) as error:
         print(f"error: {error}{getattr(error, 'stderr', '') or ''}", file=sys.stderr)
         return 1
