@@ -32,7 +32,7 @@ from e2e.operator.inprocess import (
 from e2e.operator.jobs import children, create_job, get_job, rlhf_job, wait_gone
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_api import v1alpha1 as api
-from rlhf_operator import reconcile
+from rlhf_operator import lifecycle, pods, reconcile, usage
 from rlhf_operator import settings as operator_settings
 from rlhf_operator.kube import Kube
 
@@ -123,6 +123,27 @@ def test_a_job_that_keeps_changing_is_retried_later(kube, namespace, trainer, mo
     assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
     assert_one_of_each(kube, namespace, "tiny", created["metadata"]["uid"])
     assert posted(kube, created) == [("Normal", "RayJobCreated")]
+
+
+def test_a_pods_usage_is_written_through_a_burst_of_conflicting_writes(kube, namespace, trainer, monkeypatch):
+    """A pod event is not retried: the usage write waits out the writes that overtake it. In a loaded
+    run two pods deleted together started two handlers that gave up after five conflicts within 20 ms,
+    and the pods' ends reached status.usage only with the next resync, minutes later."""
+    job = create_job(kube, namespace, rlhf_job("tiny"))
+    racing = RacingKube(kube.api_client, trainer, races=5)
+    racing.report_progress(namespace, "tiny")  # the operator's copy is stale: a conflict, then five more
+    use_client(monkeypatch, racing)
+    now = lifecycle.timestamp(lifecycle.now())
+    pod = {"metadata": {"name": "tiny-head", "creationTimestamp": now, "labels": {pods.CLUSTER_LABEL: "tiny-1"}},
+           "spec": {"containers": [{"resources": {"requests": {"cpu": "2"}}}]}, "status": {"startTime": now}}
+    usage.on_pod_event("MODIFIED", pod, job)
+
+    assert racing.conflicts == 6
+    written = get_job(kube, namespace, "tiny")["status"]
+    [attempt] = written["usage"]["attempts"]
+    assert attempt["rayClusterName"] == "tiny-1"
+    assert attempt["pods"] == [{"name": "tiny-head", "gpus": 0, "cpus": 2, "startTime": now}]
+    assert written["progress"]["step"] == racing.steps == 6  # the trainer's writes stay
 
 
 def delete_job(kube: Kube, namespace: str, job: dict[str, Any]) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,12 @@ from rlhf_api import v1alpha1 as api
 from . import kube, lifecycle, names, pods
 
 log = logging.getLogger(__name__)
-WRITE_ATTEMPTS = 5
+# A pod event is not retried by kopf: a write given up on waits for the next event or resync (minutes), so
+# conflicts are waited out. Two pods deleted together start two handlers that, re-reading at once, kept
+# overtaking each other (and the status mirror) and both gave up within 20 ms: a jittered backoff
+# (CONFLICT_BACKOFF_SECONDS doubling, capped at 1 s; at most 4.6 s in all) lets them take turns.
+WRITE_ATTEMPTS = 8
+CONFLICT_BACKOFF_SECONDS = 0.05
 # GPU product -> price of one GPU-hour (`rlhf operator --gpu-hour-price`); empty: no cost estimate.
 PRICES: dict[str, float] = {}
 
@@ -147,7 +154,7 @@ def _write(body: dict[str, Any], change: Callable[[dict[str, Any]], list[dict[st
     a conflict (another pod's event, the trainer, the operator's phase write)."""
     client = kube.client()
     meta = body["metadata"]
-    for _ in range(WRITE_ATTEMPTS):
+    for attempt in range(WRITE_ATTEMPTS):
         usage = (body.get("status") or {}).get("usage") or {}
         before = usage.get("attempts") or []
         attempts = change(usage)
@@ -163,6 +170,7 @@ def _write(body: dict[str, Any], change: Callable[[dict[str, Any]], list[dict[st
                 return
             if error.status != 409:
                 raise
+        time.sleep(random.uniform(0, min(1.0, CONFLICT_BACKOFF_SECONDS * 2**attempt)))
         body = client.get(api.KIND, meta["namespace"], meta["name"])
         if body is None or body["metadata"]["uid"] != meta["uid"]:
             return
