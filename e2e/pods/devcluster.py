@@ -122,6 +122,8 @@ def stdout_for_the_export() -> Iterator[IO[str]]:
     try:
         yield real
     finally:
+        real.flush()
+        os.dup2(real.fileno(), 1)  # fd 1 is stdout again
         real.close()
 
 
