@@ -59,7 +59,8 @@ TERMINATION_GRACE_SECONDS = 300
 DRIVER_PID_FILE_ENV = "RLHF_DRIVER_PID_FILE"
 DRIVER_PID_FILE = "/tmp/rlhf-driver.pid"
 # The trainer's last stderr line when a run fails is "<job file>: RUN_FAILED<Error>: <what>"; the
-# operator finds it in the log tail KubeRay quotes and makes it the job's failure message.
+# operator finds it in the log tail KubeRay quotes (Ray's job supervisor keeps the last 10 lines, so
+# the trainer prints it after its teardown) and makes it the job's failure message.
 RUN_FAILED = "the run failed: "
 
 

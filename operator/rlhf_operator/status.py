@@ -25,7 +25,7 @@ The trainer's fields (progress, metrics, lastCheckpoint) are never part of any o
 | Retrying                         | any             | Provisioning | Retrying                      |
 
 A failed run's message is the trainer's failure line (contract.RUN_FAILED) when the log tail KubeRay
-quotes has one, else KubeRay's message; Events are cut to the API's 1,024 characters.
+quotes has one, else KubeRay's message; Events are cut to the API's 1,024 bytes.
 While KubeRay retries (status.failed > 0) every message says which attempt of how many it is; the
 failed attempt itself (Retrying) is a Warning with the trainer's failure line.
 While the Ray cluster starts, what its pods are waiting for (unschedulable, image pull...) is the
@@ -63,7 +63,7 @@ OWNED_FIELDS = (
     "dashboardURL", "startTime", "completionTime", "keptCluster",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-EVENT_MESSAGE_LIMIT = 1024  # the Events API refuses longer messages
+EVENT_MESSAGE_LIMIT = 1024  # bytes: the Events API refuses longer messages
 # A false condition that the phase does not explain: (reason, message).
 NEUTRAL = {
     "Succeeded": ("NotFinished", "The job has not finished"),
@@ -263,10 +263,16 @@ def transition(current: dict[str, Any], desired: dict[str, Any], warning: bool =
     if (current.get("phase"), current.get("reason")) == (desired["phase"], desired["reason"]):
         return None
     kind = "Warning" if warning or desired["phase"] == "Failed" else "Normal"
-    message = desired["message"]
-    if len(message) > EVENT_MESSAGE_LIMIT:  # a log tail: its end is the news
-        message = "..." + message[-(EVENT_MESSAGE_LIMIT - 3):]
-    return Transition(kind, desired["reason"], message)
+    return Transition(kind, desired["reason"], _event_message(desired["message"]))
+
+
+def _event_message(message: str) -> str:
+    """Cut to the Events API's limit, which counts UTF-8 bytes (a progress bar's blocks are 3 each)."""
+    encoded = message.encode()
+    if len(encoded) <= EVENT_MESSAGE_LIMIT:
+        return message
+    # A log tail: its end is the news. A character the cut splits is dropped.
+    return "..." + encoded[-(EVENT_MESSAGE_LIMIT - 3):].decode(errors="ignore")
 
 
 def finished(status: dict[str, Any] | None) -> bool:

@@ -59,7 +59,7 @@ def test_failure_carries_kuberay_reason_and_message():
 def test_a_failed_run_is_summed_up_by_the_trainers_failure_line():
     # KubeRay's AppFailed message carries up to 20,000 characters of the driver's log tail; the
     # trainer's last line says what broke. The status quotes that line and points at the tail, and
-    # the Event stays within the API's 1,024 characters (kopf drops a longer one, so no Event at all).
+    # the Event stays within the API's 1,024 bytes (kopf drops a longer one, so no Event at all).
     tail = "\n".join(f"(ModelWorker pid={pid}) Loading weights: 100%" for pid in range(400))
     said = f"/etc/rlhf/job.yaml: {contract.RUN_FAILED}RewardError: reward source 'letter' failed: label set is empty"
     message = (f"Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
@@ -72,11 +72,13 @@ def test_a_failed_run_is_summed_up_by_the_trainers_failure_line():
     event = status.transition({"phase": "Running", "reason": "Training"}, failed)
     assert event.message == observed.message
 
-    unknown = status.observe(ray_job("Failed", "FAILED", reason="AppFailed", message=tail),
-                             suspend=False, queue_name=None)  # no trainer line: the tail, cut to fit an Event
+    # No trainer line: the tail, cut to fit an Event. The API counts bytes: progress bars' blocks are 3.
+    bars = "\n".join(f"(ModelWorker pid={pid}) Loading weights: 100%|██████████| 26/26" for pid in range(400))
+    unknown = status.observe(ray_job("Failed", "FAILED", reason="AppFailed", message=bars),
+                             suspend=False, queue_name=None)
     event = status.transition({}, status.next_status({}, unknown, T0, 1))
-    assert len(event.message) <= status.EVENT_MESSAGE_LIMIT and event.message.endswith("Loading weights: 100%")
-    assert unknown.message == f"Training failed: {tail}"  # the status keeps all of it
+    assert len(event.message.encode()) <= status.EVENT_MESSAGE_LIMIT and event.message.endswith("██████████| 26/26")
+    assert unknown.message == f"Training failed: {bars}"  # the status keeps all of it
 
 
 def test_queued_job_waits_for_kueue():

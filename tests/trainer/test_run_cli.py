@@ -11,7 +11,9 @@ import pytest
 import ray
 from transformers import AutoModelForCausalLM
 
+from rlhf_api import contract
 from rlhf_operator.cli import main
+from rlhf_trainer.loop import RunLoop
 from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
 pytestmark = pytest.mark.timeout(600)
@@ -55,14 +57,19 @@ def test_offline_context_longer_than_the_model_is_refused(toy_job, tmp_path, cap
     assert "spec.data.maxTokens" in capsys.readouterr().err
 
 
-def test_failed_run_exits_1_and_says_why(toy_job, tmp_path, capsys):
+def test_failed_run_exits_1_and_says_why_on_its_last_line(toy_job, tmp_path, capsys, monkeypatch):
     # A function that imports and has the right parameters passes the checks; it fails when called.
     (tmp_path / "broken.py").write_text("def score(prompts, completions, labels):\n    raise RuntimeError('judge down')\n")
     job = toy_job(**{"reward.sources": [{"name": "broken", "type": "function",
                                          "function": {"entrypoint": "broken.py:score"}}]})
+    # The teardown speaks (as dying workers' forwarded lines do): Ray's job supervisor quotes only the
+    # log's last 10 lines, where the operator looks for the failure line, so it must come after.
+    close = RunLoop.close
+    monkeypatch.setattr(RunLoop, "close", lambda loop: [print(f"(ModelWorker) line {n}", file=sys.stderr)
+                                                         for n in range(12)] and close(loop))
     assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 1
-    error = capsys.readouterr().err
-    assert "the run failed" in error and "reward source 'broken'" in error and "judge down" in error, error
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert contract.RUN_FAILED in last and "reward source 'broken'" in last and "judge down" in last, last
     assert not ray.is_initialized()
 
 

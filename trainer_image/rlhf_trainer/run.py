@@ -69,7 +69,8 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
 
     import ray
 
-    local_node, trainer = None, None
+    local_node, trainer, joined = None, None, False
+    exit_code, said = EXIT_OK, ""  # said: the run's last stderr line, printed after everything else
     previous_handler = signal.getsignal(signal.SIGTERM)
     try:
         address = address or os.environ.get("RAY_ADDRESS")
@@ -77,6 +78,7 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
             pass  # this process is connected already (tests, notebooks): run there
         elif address:
             ray.init(address=address)
+            joined = True
         else:
             # A private instance: own temp dir (short, for Ray's socket paths), stopped at the end.
             # CPUs are logical here: enough for one per rank and engine, however many cores there are.
@@ -97,29 +99,30 @@ def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: 
         reporter.start(trainer.total_steps)
         trainer.fit()
     except InvalidJob as invalid:
-        print(f"{job_file}: {invalid}", file=sys.stderr)
-        return EXIT_INVALID
+        exit_code, said = EXIT_INVALID, str(invalid)
     except Interrupted as interrupted:
-        print(f"{job_file}: the run was interrupted: {interrupted}", file=sys.stderr)
+        exit_code, said = EXIT_INTERRUPTED, f"the run was interrupted: {interrupted}"
         if trainer is not None:
             reporter.finish("interrupted", str(interrupted))
-        return EXIT_INTERRUPTED
     except Exception as error:  # noqa: BLE001 - whatever broke, say what and exit non-zero
         traceback.print_exc()
         first_line = next(iter(str(error).strip().splitlines()), "")  # Ray's errors run to pages
         message = f"{type(error).__name__}: {first_line}{_resume_hint(trainer)}"
-        print(f"{job_file}: {contract.RUN_FAILED}{message}", file=sys.stderr)
+        exit_code, said = EXIT_FAILED, f"{contract.RUN_FAILED}{message}"
         if trainer is not None:  # the reporters were started
             reporter.finish("failed", message)
-        return EXIT_FAILED
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         if trainer is not None:
             trainer.close()
-        if local_node:
+        if joined or local_node:  # disconnected, Ray forwards no more of the workers' lines into our log
             ray.shutdown()
+        if local_node:
             local_node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
             shutil.rmtree(ray_dir, ignore_errors=True)
+    if exit_code != EXIT_OK:  # last, after the teardown and the workers' lines: the job's log tail ends with it
+        print(f"{job_file}: {said}", file=sys.stderr)
+        return exit_code
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK
 
