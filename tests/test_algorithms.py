@@ -13,7 +13,7 @@ from rlhf_api import algorithms
 CRD_FILE = Path(__file__).resolve().parents[1] / "crds" / "rlhf.dev_rlhfjobs.yaml"
 # The catalogue's lists of algorithms (job.py builds every CEL list from one of them).
 CATALOGUE_LISTS = {frozenset(names) for names in (
-    algorithms.ONLINE, algorithms.GROUP_SAMPLES, algorithms.USES_CRITIC,
+    algorithms.ONLINE, algorithms.GROUP_SAMPLES, algorithms.USES_CRITIC, algorithms.USES_BEST_OF_N,
     *(algorithms.reading(dataset) for dataset in typing.get_args(algorithms.Dataset)))}
 
 

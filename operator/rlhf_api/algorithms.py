@@ -60,6 +60,9 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
                   advantage="reinforce++-baseline", group_samples=True),
     AlgorithmInfo("rloo", "Ahmadian et al. 2024, arXiv:2402.14740", "prompts", ("actor",),
                   advantage="rloo", group_samples=True),
+    # Rejection sampling fine-tuning: the likelihood of each prompt's best samples, nothing of the rest.
+    AlgorithmInfo("raft", "Dong et al. 2023, RAFT, arXiv:2304.06767", "prompts", ("actor",),
+                  advantage="best-of-n", policy_loss="nll", group_samples=True),
     AlgorithmInfo("dpo", "Rafailov et al. 2023, arXiv:2305.18290", "preferences", ("actor", "reference"),
                   objective="preference"),
     AlgorithmInfo("ipo", "Azar et al. 2023, arXiv:2310.12036", "preferences", ("actor", "reference"),
@@ -79,6 +82,7 @@ ONLINE: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online)
 OFFLINE: tuple[str, ...] = tuple(a.name for a in CATALOGUE if not a.online)
 GROUP_SAMPLES: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.group_samples)
 USES_CRITIC: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "critic" in a.roles)
+USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 
 
 def reading(dataset: Dataset) -> tuple[str, ...]:

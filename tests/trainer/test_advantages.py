@@ -16,8 +16,8 @@ from rlhf_trainer.algorithms import (
 )
 
 ATOL = 1e-6
-NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo"]
-GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo"]
+NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n"]
+GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n"]
 
 
 def make_inputs(n_prompts: int, n: int, t: int, seed: int, with_kl: bool = True, allow_empty=False):
@@ -110,6 +110,20 @@ def ref_shaped_rewards(name: str, rewards: list[float], n: int, eps: float, unbi
     return out
 
 
+def ref_best_of_n(rewards, lengths, seq_rewards, n, cfg: AdvantageConfig):
+    """1 on every response token of each group's keep_per_prompt best (by summed token reward; the
+    first of equals first), if better than the group's worst and at least min_reward."""
+    scores = [sum(row) for row in rewards]
+    adv = []
+    for b, length in enumerate(lengths):
+        group = range(b - b % n, b - b % n + n)
+        better = sum(1 for j in group if scores[j] > scores[b] or (scores[j] == scores[b] and j < b))
+        kept = (better < cfg.keep_per_prompt and scores[b] > min(scores[j] for j in group)
+                and (cfg.min_reward is None or seq_rewards[b] >= cfg.min_reward))
+        adv.append([1.0 if kept and t < length else 0.0 for t in range(len(rewards[b]))])
+    return adv
+
+
 def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: AdvantageConfig):
     seq = ref_shaped_rewards(
         name, inputs.rewards.tolist(), inputs.n_samples_per_prompt, cfg.eps, cfg.unbiased_std
@@ -117,6 +131,9 @@ def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: Advan
     rewards = ref_token_rewards(inputs, seq, lengths)
     if name == "gae":
         adv, ret = ref_gae(rewards, inputs.values.tolist(), lengths, cfg.gamma, cfg.lambd)
+    elif name == "best-of-n":
+        ret = ref_returns(rewards, lengths, cfg.gamma)
+        adv = ref_best_of_n(rewards, lengths, seq, inputs.n_samples_per_prompt, cfg)
     else:
         ret = ref_returns(rewards, lengths, cfg.gamma)
         adv = [list(row) for row in ret]
@@ -197,6 +214,30 @@ def test_group_norm_gives_unit_scale_groups_and_zero_for_constant_groups():
     # group 1: mean 2, Bessel std sqrt(2); group 2: all equal -> 0
     expected = torch.tensor([[-1 / math.sqrt(2)], [1 / math.sqrt(2)], [0.0], [0.0]], dtype=torch.float64)
     torch.testing.assert_close(adv, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("keep, min_reward", [(1, None), (2, None), (2, 0.0), (3, 10.0)])
+def test_best_of_n_keeps_each_groups_best_against_the_reference(keep, min_reward):
+    inputs, lengths = make_inputs(4, 4, 9, seed=13, allow_empty=True)
+    cfg = AdvantageConfig(gamma=0.9, keep_per_prompt=keep, min_reward=min_reward)
+    adv, ret = compute_advantages("best-of-n", inputs, cfg)
+    ref_adv, ref_ret = reference("best-of-n", inputs, lengths, cfg)
+    torch.testing.assert_close(adv, ref_adv, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ret, ref_ret, atol=ATOL, rtol=0)
+    kept = adv.any(dim=1).reshape(4, 4).sum(dim=1)
+    assert kept.max() <= keep and (kept.sum() > 0) == (min_reward is None or min_reward < 1)
+
+
+def test_best_of_n_keeps_the_first_of_equals_and_nothing_of_a_group_that_scores_alike():
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], dtype=torch.float64)
+    mask = torch.ones(8, 2, dtype=torch.bool)
+    adv, _ = compute_advantages("best-of-n", AdvantageInputs(rewards, mask, n_samples_per_prompt=4))
+    assert adv[:, 0].tolist() == [0, 1, 0, 0, 0, 0, 0, 0] and torch.equal(adv[:, 0], adv[:, 1])
+    # With a KL penalty in the reward, the sample that drifted less wins the tie.
+    kl = torch.zeros(8, 2, dtype=torch.float64)
+    kl[1, 0] = 0.1
+    adv, _ = compute_advantages("best-of-n", AdvantageInputs(rewards, mask, kl, n_samples_per_prompt=4))
+    assert adv[:, 0].tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
 
 
 def test_critic_free_advantage_is_constant_along_the_response_without_kl():

@@ -483,3 +483,20 @@ def test_gspo_matches_trl_sequence_level_importance_sampling(shape, scale, trl_t
     ours.backward()
     trl_loss.backward()
     torch.testing.assert_close(new_ours.grad, new_trl.grad, atol=ATOL, rtol=0)
+
+
+def test_raft_loss_is_the_likelihood_of_the_kept_samples_alone():
+    """nll (raft): -A log pi per token, no ratio or clip: its gradient on a kept token is -1 / its
+    count (token-mean), on any other 0, however far the policy moved from the one that sampled."""
+    gen = torch.Generator().manual_seed(5)
+    log_probs = (-torch.rand(4, 6, generator=gen, dtype=torch.float64)).requires_grad_()
+    old = log_probs.detach() - 3.0  # far off-policy: PPO's clip would zero every gradient here
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    advantages = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64).unsqueeze(1).expand(4, 6)
+    training = TrainingSpec()
+    per_token = POLICY_LOSSES[ALGORITHMS["raft"].policy_loss](log_probs, old, advantages, mask, training)
+    loss = policy_loss(per_token, log_probs, old, mask, "token-mean")
+    loss.loss.backward()
+    expected = -(advantages / mask.sum())
+    torch.testing.assert_close(log_probs.grad, expected, atol=ATOL, rtol=0)
+    assert loss.clip_fraction == 0 and loss.dual_clip_fraction == 0

@@ -315,7 +315,9 @@ class Trainer(RunLoop):
             self.algorithm.advantage,
             AdvantageInputs(rewards, action_mask, kl_penalty=kl_penalty, values=values,
                             n_samples_per_prompt=self.rollout.samples_per_prompt),
-            AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda),
+            AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda,
+                            keep_per_prompt=self.training.rejection_sampling.keep_per_prompt,
+                            min_reward=self.training.rejection_sampling.min_reward),
         )
 
     def _rollout_metrics(self, experience: Experience, rollout: Rollout) -> dict[str, float]:
@@ -334,6 +336,9 @@ class Trainer(RunLoop):
             "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(),
                                         action_mask).item(),
             "advantage_mean": masked_mean(experience.advantages, action_mask).item(),
+            # The share of samples with a nonzero advantage on some token: raft's kept samples
+            # (the rest have no gradient), a group estimator's samples in groups whose rewards differ.
+            "trained_fraction": (experience.advantages != 0).any(dim=1).float().mean().item(),
         }
         if experience.kl is not None:
             metrics["kl"] = masked_mean(experience.kl, action_mask).item()

@@ -74,6 +74,11 @@ class RLHFJobSpec(APIModel):
         (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
          "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
          ".rollout.samplesPerPrompt"),
+        (f"!(self.algorithm in {cel_list(algorithms.USES_BEST_OF_N)}) || "
+         "self.training.rejectionSampling.keepPerPrompt < self.rollout.samplesPerPrompt",
+         f"{prose(algorithms.USES_BEST_OF_N)} trains on the best samples of each prompt: make "
+         "training.rejectionSampling.keepPerPrompt smaller "
+         "than rollout.samplesPerPrompt (keeping them all rejects none)", ".training.rejectionSampling.keepPerPrompt"),
         (f"self.algorithm in {cel_list(algorithms.USES_CRITIC)} || !has(self.models.critic)",
          f"only {prose(algorithms.USES_CRITIC)} uses a critic: remove spec.models.critic or set algorithm: "
          f"{algorithms.USES_CRITIC[0]}", ".models.critic"),

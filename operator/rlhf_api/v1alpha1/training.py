@@ -109,6 +109,15 @@ class PreferenceSpec(APIModel):
     """kto: weight of undesirable examples."""
 
 
+class RejectionSamplingSpec(APIModel):
+    """Which samples raft trains on (Dong et al. 2023, RAFT, arXiv:2304.06767)."""
+
+    keep_per_prompt: int = Field(1, ge=1, le=1024)
+    """The best samples of each prompt trained on, ranked by reward (less the KL penalty when training.kl places it in the reward); must be fewer than rollout.samplesPerPrompt. A sample no better than its prompt's worst is never kept: a prompt whose samples all score alike keeps none."""
+    min_reward: float | None = None
+    """Keep only samples whose reward is at least this (1 on a task scored 0 or 1: only right answers). Unset: no threshold. Metric trained_fraction is the share of samples kept."""
+
+
 class TrainingSpec(APIModel):
     """Optimisation: DeepSpeed, batch sizes, the RL loss and its regularisers."""
 
@@ -178,6 +187,8 @@ class TrainingSpec(APIModel):
             "sequence over the constant rollout.maxNewTokens: Dr. GRPO)." + per_algorithm("lossAggregation")))
     preference: PreferenceSpec = section(PreferenceSpec)
     """dpo, ipo, cdpo and kto hyperparameters."""
+    rejection_sampling: RejectionSamplingSpec = section(RejectionSamplingSpec)
+    """raft: which of each prompt's samples are trained on."""
     colocation: Literal["none", "actor-reference", "all"] = "none"
     """Share GPUs: none (each role has its own), actor-reference, or all (hybrid engine: every model and vLLM on the same GPUs, taking turns)."""
     async_queue_size: int = Field(0, ge=0, le=64)

@@ -40,6 +40,8 @@ class AdvantageConfig:
     whiten: bool | None = None  # whiten advantages over the batch's tokens; None: the estimator's default
     eps: float = 1e-8  # added to the group std (group-norm) and to the variance (whitening)
     unbiased_std: bool = True  # Bessel-corrected std/variance (torch.std's default, as GRPO code uses)
+    keep_per_prompt: int = 1  # best-of-n: the best samples of each group kept
+    min_reward: float | None = None  # best-of-n: a kept sample's least reward
 
 
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
@@ -180,3 +182,26 @@ def rloo(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
     leave_one_out = (groups.sum(dim=1, keepdim=True) - groups) / (n - 1)
     shaped = (groups - leave_one_out).reshape(-1)
     return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=False)
+
+
+@register_advantage("best-of-n")
+def best_of_n(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """Rejection sampling (RAFT, Dong et al. 2023, arXiv 2304.06767): 1 on every token of each group's
+    ``keep_per_prompt`` best samples, 0 elsewhere; the policy loss is then their likelihood.
+
+    Samples rank by their reward less the KL penalty in the reward (summed over their tokens). A sample
+    no better than its group's worst is never kept, so a group whose samples all score alike trains
+    nothing (as with every group-relative estimator); with ``min_reward``, neither does one whose
+    reward is below it. Returns are the discounted returns (metrics).
+    """
+    n = _groups(inputs, "best-of-n").shape[1]
+    rewards = token_rewards(inputs.rewards, inputs.action_mask, inputs.kl_penalty)
+    scores = rewards.sum(dim=1).reshape(-1, n)  # [n_prompts, n]
+    # Each sample's place in its group, best first; the first of equal samples ranks first.
+    rank = torch.sort(scores, dim=1, descending=True, stable=True).indices.argsort(dim=1)
+    kept = (rank < cfg.keep_per_prompt) & (scores > scores.amin(dim=1, keepdim=True))
+    if cfg.min_reward is not None:
+        kept &= inputs.rewards.reshape(-1, n) >= cfg.min_reward
+    returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
+    advantages = kept.reshape(-1, 1).to(returns.dtype).expand_as(returns)
+    return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)
