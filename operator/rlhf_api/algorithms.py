@@ -25,8 +25,8 @@ class AlgorithmInfo:
     name: str
     paper: str  # where it comes from (the docs and `kubectl explain` cite it)
     dataset: Dataset  # the spec.data field it trains on; prompts means online RL (rollouts, rewards)
-    # Model groups it always runs. Online runs add a reference when training.kl.coef > 0 and a
-    # reward group when a reward source is a model; offline ones train roles[0].
+    # Model groups it always runs. Online runs add a reference when training.kl.coef > 0 (if they
+    # have none) and a reward group when a reward source is a model; offline ones train roles[0].
     roles: tuple[str, ...]
     advantage: str | None = None  # online: rlhf_trainer.algorithms.ADVANTAGE_ESTIMATORS key
     policy_loss: str = "ppo-clip"  # online: rlhf_trainer.losses.POLICY_LOSSES key (the actor's loss)
@@ -63,6 +63,10 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     # Rejection sampling fine-tuning: the likelihood of each prompt's best samples, nothing of the rest.
     AlgorithmInfo("raft", "Dong et al. 2023, RAFT, arXiv:2304.06767", "prompts", ("actor",),
                   advantage="best-of-n", policy_loss="nll", group_samples=True),
+    # Online (iterative) DPO: DPO's gradient on each prompt's best and worst sample, against the reference.
+    AlgorithmInfo("online-dpo", "Xiong et al. 2024, arXiv:2312.11456; Guo et al. 2024, arXiv:2402.04792", "prompts",
+                  ("actor", "reference"), advantage="dpo-pairs", policy_loss="nll", group_samples=True,
+                  defaults={"lossAggregation": "seq-mean-token-sum"}),
     AlgorithmInfo("dpo", "Rafailov et al. 2023, arXiv:2305.18290", "preferences", ("actor", "reference"),
                   objective="preference"),
     AlgorithmInfo("ipo", "Azar et al. 2023, arXiv:2310.12036", "preferences", ("actor", "reference"),
@@ -83,6 +87,8 @@ OFFLINE: tuple[str, ...] = tuple(a.name for a in CATALOGUE if not a.online)
 GROUP_SAMPLES: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.group_samples)
 USES_CRITIC: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "critic" in a.roles)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
+# Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.
+ONE_STEP_PER_ROLLOUT: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "dpo-pairs")
 
 
 def reading(dataset: Dataset) -> tuple[str, ...]:

@@ -16,8 +16,8 @@ from rlhf_trainer.algorithms import (
 )
 
 ATOL = 1e-6
-NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n"]
-GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n"]
+NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n", "dpo-pairs"]
+GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n", "dpo-pairs"]
 
 
 def make_inputs(n_prompts: int, n: int, t: int, seed: int, with_kl: bool = True, allow_empty=False):
@@ -31,7 +31,8 @@ def make_inputs(n_prompts: int, n: int, t: int, seed: int, with_kl: bool = True,
     rewards = torch.randn(b, generator=gen, dtype=torch.float64)
     kl = 0.05 * torch.randn(b, t, generator=gen, dtype=torch.float64) * mask if with_kl else None
     values = torch.randn(b, t, generator=gen, dtype=torch.float64)
-    return AdvantageInputs(rewards, mask, kl, values, n), lengths.tolist()
+    log_ratio = 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    return AdvantageInputs(rewards, mask, kl, values, n, log_ratio), lengths.tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,6 +125,23 @@ def ref_best_of_n(rewards, lengths, seq_rewards, n, cfg: AdvantageConfig):
     return adv
 
 
+def ref_dpo_pairs(inputs, rewards, lengths, n, beta):
+    """Each group's first best against its first worst; d(mean over pairs of -log sigmoid(beta * margin))
+    / d(summed log-ratio) by hand, negated and times the rows, on every response token."""
+    scores = [sum(row) for row in rewards]
+    ratio = [sum(inputs.log_ratio[b, t].item() for t in range(length)) for b, length in enumerate(lengths)]
+    pairs = []
+    for start in range(0, len(scores), n):
+        group = scores[start:start + n]
+        if max(group) > min(group):
+            pairs.append((start + group.index(max(group)), start + group.index(min(group))))
+    weight = [0.0] * len(scores)
+    for chosen, rejected in pairs:
+        pull = beta / (1 + math.exp(beta * (ratio[chosen] - ratio[rejected]))) * len(scores) / len(pairs)
+        weight[chosen], weight[rejected] = pull, -pull
+    return [[weight[b] if t < length else 0.0 for t in range(len(rewards[b]))] for b, length in enumerate(lengths)]
+
+
 def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: AdvantageConfig):
     seq = ref_shaped_rewards(
         name, inputs.rewards.tolist(), inputs.n_samples_per_prompt, cfg.eps, cfg.unbiased_std
@@ -131,6 +149,9 @@ def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: Advan
     rewards = ref_token_rewards(inputs, seq, lengths)
     if name == "gae":
         adv, ret = ref_gae(rewards, inputs.values.tolist(), lengths, cfg.gamma, cfg.lambd)
+    elif name == "dpo-pairs":
+        ret = ref_returns(rewards, lengths, cfg.gamma)
+        adv = ref_dpo_pairs(inputs, rewards, lengths, inputs.n_samples_per_prompt, cfg.beta)
     elif name == "best-of-n":
         ret = ref_returns(rewards, lengths, cfg.gamma)
         adv = ref_best_of_n(rewards, lengths, seq, inputs.n_samples_per_prompt, cfg)
@@ -285,7 +306,8 @@ def test_observation_tokens_between_turns_are_not_steps(name):
     spread = AdvantageInputs(
         rewards=inputs.rewards, action_mask=gap.expand(4, -1).clone(), n_samples_per_prompt=2,
         kl_penalty=inputs.kl_penalty.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.kl_penalty),
-        values=inputs.values.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.values) + 5 * ~gap)
+        values=inputs.values.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.values) + 5 * ~gap,
+        log_ratio=inputs.log_ratio.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.log_ratio) + 5 * ~gap)
     expected = compute_advantages(name, inputs, cfg)
     got = compute_advantages(name, spread, cfg)
     for wanted, found in zip(expected, got):

@@ -33,6 +33,10 @@ CASES = {
     # Rollouts generated one update ahead of training, corrected for the engines' lag by truncated
     # importance sampling.
     "rloo": ({"training.asyncQueueSize": 1, "training.rolloutCorrectionCap": 2.0}, 12, 0.03),  # 0.088
+    # Rejection sampling: the likelihood of each prompt's best sample (of 8).
+    "raft": ({}, 10, 0.05),  # 0.086
+    # Online DPO: each prompt's best sample against its worst, one DPO step per rollout.
+    "online-dpo": ({"training.trainBatchSize": 128}, 15, 0.07),  # 0.104
     # LoRA on the random tiny model: its frozen final norm (gain 1) and tied head (std 0.02) cap every
     # logit near 2.6, so adapters on the linear layers alone can raise no answer above ~5% (the KL to
     # the base stalls near 0.07 at any rank, alpha or learning rate). Training the final norm's gain
@@ -41,6 +45,9 @@ CASES = {
     "grpo-lora": ({"algorithm": "grpo", "training.learningRate": 0.1,
                    "models.actor.lora": {"rank": 8, "alpha": 16, "modulesToSave": ["model.norm"]}}, 30, 0.05),
 }
+
+# The share of samples an algorithm that picks some of each prompt's 8 trains on, at most.
+TRAINED_AT_MOST = {"raft": 1 / 8, "online-dpo": 2 / 8}
 
 
 def _mean(values: list[float]) -> float:
@@ -61,6 +68,8 @@ def test_reward_rises(algorithm, toy_job, local_ray, tmp_path, capsys):
         print(f"\n{algorithm}: mean reward per step {[round(r, 3) for r in rewards]}")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     assert _mean(rewards[-5:]) > _mean(rewards[:5]) + gain, rewards
+    if algorithm in TRAINED_AT_MOST:  # some samples trained on every step, never more than the algorithm picks
+        assert all(0 < m["trained_fraction"] <= TRAINED_AT_MOST[algorithm] for m in metrics), metrics
 
     # The weight sync, checked at every step: vLLM's log-probs of what it sampled are the actor's.
     # With asynchronous rollouts the engines are one update behind by design.

@@ -500,3 +500,30 @@ def test_raft_loss_is_the_likelihood_of_the_kept_samples_alone():
     expected = -(advantages / mask.sum())
     torch.testing.assert_close(log_probs.grad, expected, atol=ATOL, rtol=0)
     assert loss.clip_fraction == 0 and loss.dual_clip_fraction == 0
+
+
+def test_an_online_dpo_update_has_the_gradient_of_dpo_on_each_groups_best_and_worst():
+    """online-dpo's estimator (dpo-pairs) and loss (nll, seq-mean-token-sum) against the offline DPO loss
+    on the same pairs: the same gradient, token for token (a group that scores alike has no pair)."""
+    from rlhf_trainer.algorithms import AdvantageConfig, AdvantageInputs, compute_advantages
+    from rlhf_trainer.losses import PreferenceConfig, PreferenceInputs, dpo_loss, masked_sum
+
+    gen = torch.Generator().manual_seed(11)
+    mask, _ = make_mask(12, 7, gen)
+    log_probs = (-torch.rand(12, 7, generator=gen, dtype=torch.float64)).requires_grad_()
+    reference = -torch.rand(12, 7, generator=gen, dtype=torch.float64)
+    rewards = torch.tensor([0.2, 0.9, 0.1, 0.5, 0.3, 0.3, 0.3, 0.3, 1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    online = ALGORITHMS["online-dpo"]
+    training = TrainingSpec().with_defaults("online-dpo")
+    inputs = AdvantageInputs(rewards, mask, n_samples_per_prompt=4, log_ratio=(log_probs - reference).detach())
+    advantages, _ = compute_advantages(online.advantage, inputs, AdvantageConfig(beta=0.3))
+    per_token = POLICY_LOSSES[online.policy_loss](log_probs, log_probs.detach(), advantages, mask, training)
+    policy_loss(per_token, log_probs, log_probs.detach(), mask, training.loss_aggregation).loss.backward()
+    ours, log_probs.grad = log_probs.grad.clone(), None
+
+    chosen, rejected = [1, 8], [2, 9]  # group 2 ties; group 3's first best and first worst
+    policy, ref = masked_sum(log_probs, mask, dim=1), masked_sum(reference, mask, dim=1)
+    pairs = PreferenceInputs(policy[chosen], policy[rejected], ref[chosen], ref[rejected])
+    dpo_loss(pairs, PreferenceConfig(beta=0.3)).losses.mean().backward()
+    torch.testing.assert_close(ours, log_probs.grad, atol=1e-12, rtol=0)
+    assert ours[[0, 3, 4, 5, 6, 7, 10, 11]].abs().sum() == 0 and ours[chosen].abs().sum() > 0

@@ -264,7 +264,8 @@ class Trainer(RunLoop):
 
         log_probs, base_log_probs, values = self._log_probs_and_values(sequences, attention_mask, action_mask)
         kl, kl_penalty = self._kl(log_probs, base_log_probs, action_mask)
-        advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, values)
+        log_ratio = None if base_log_probs is None else log_probs - base_log_probs
+        advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, values, log_ratio)
         experience = Experience(
             sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
             action_log_probs=log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
@@ -309,15 +310,16 @@ class Trainer(RunLoop):
         return kl, penalty
 
     def _advantages(self, rewards: Tensor, action_mask: Tensor, kl_penalty: Tensor | None,
-                    values: Tensor | None) -> tuple[Tensor, Tensor]:
+                    values: Tensor | None, log_ratio: Tensor | None) -> tuple[Tensor, Tensor]:
         """5. advantages and returns from the estimator the catalogue names for spec.algorithm."""
         return compute_advantages(
             self.algorithm.advantage,
             AdvantageInputs(rewards, action_mask, kl_penalty=kl_penalty, values=values,
-                            n_samples_per_prompt=self.rollout.samples_per_prompt),
+                            n_samples_per_prompt=self.rollout.samples_per_prompt, log_ratio=log_ratio),
             AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda,
                             keep_per_prompt=self.training.rejection_sampling.keep_per_prompt,
-                            min_reward=self.training.rejection_sampling.min_reward),
+                            min_reward=self.training.rejection_sampling.min_reward,
+                            beta=self.training.preference.beta),
         )
 
     def _rollout_metrics(self, experience: Experience, rollout: Rollout) -> dict[str, float]:

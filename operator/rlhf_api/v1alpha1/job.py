@@ -79,6 +79,11 @@ class RLHFJobSpec(APIModel):
          f"{prose(algorithms.USES_BEST_OF_N)} trains on the best samples of each prompt: make "
          "training.rejectionSampling.keepPerPrompt smaller "
          "than rollout.samplesPerPrompt (keeping them all rejects none)", ".training.rejectionSampling.keepPerPrompt"),
+        (f"!(self.algorithm in {cel_list(algorithms.ONE_STEP_PER_ROLLOUT)}) || (self.training.epochs == 1 && "
+         "self.training.rolloutBatchSize * self.rollout.samplesPerPrompt == self.training.trainBatchSize)",
+         f"{prose(algorithms.ONE_STEP_PER_ROLLOUT)} weighs each pair by the policy that sampled it, which is DPO's "
+         "gradient for one optimizer step per rollout: set trainBatchSize to rolloutBatchSize * samplesPerPrompt "
+         "and epochs to 1", ".training.trainBatchSize"),
         (f"self.algorithm in {cel_list(algorithms.USES_CRITIC)} || !has(self.models.critic)",
          f"only {prose(algorithms.USES_CRITIC)} uses a critic: remove spec.models.critic or set algorithm: "
          f"{algorithms.USES_CRITIC[0]}", ".models.critic"),

@@ -98,7 +98,7 @@ class PreferenceSpec(APIModel):
     """Hyperparameters of the offline preference losses."""
 
     beta: float = Field(0.1, gt=0)
-    """Inverse temperature of dpo/cdpo/kto; the regularisation strength tau of ipo."""
+    """Inverse temperature of dpo/cdpo/kto and online-dpo; the regularisation strength tau of ipo."""
     # Not lt=0.5: the API server compares a whole number (0) with a fractional exclusive bound as
     # integers (0 < 0) and refuses the default.
     label_smoothing: float = Field(0.0, ge=0, le=0.49)
@@ -186,7 +186,7 @@ class TrainingSpec(APIModel):
             "seq-mean-token-sum (sum per sequence, no length normalisation), seq-mean-token-sum-norm (sum per "
             "sequence over the constant rollout.maxNewTokens: Dr. GRPO)." + per_algorithm("lossAggregation")))
     preference: PreferenceSpec = section(PreferenceSpec)
-    """dpo, ipo, cdpo and kto hyperparameters."""
+    """dpo, ipo, cdpo, kto and online-dpo hyperparameters."""
     rejection_sampling: RejectionSamplingSpec = section(RejectionSamplingSpec)
     """raft: which of each prompt's samples are trained on."""
     colocation: Literal["none", "actor-reference", "all"] = "none"

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..losses.aggregation import Registry, masked_whiten
+from ..losses.preference import PreferenceConfig, PreferenceInputs, dpo_loss
 
 
 @dataclass
@@ -29,6 +30,7 @@ class AdvantageInputs:
     kl_penalty: Tensor | None = None  # [B, T] coef * kl per token, already scaled; subtracted from r_t
     values: Tensor | None = None  # [B, T] critic values V(s_t) at the response tokens (gae only)
     n_samples_per_prompt: int = 1  # group size n; rows are prompt-major: B = n_prompts * n
+    log_ratio: Tensor | None = None  # [B, T] log pi_actor - log pi_ref at sampling time (dpo-pairs only)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class AdvantageConfig:
     unbiased_std: bool = True  # Bessel-corrected std/variance (torch.std's default, as GRPO code uses)
     keep_per_prompt: int = 1  # best-of-n: the best samples of each group kept
     min_reward: float | None = None  # best-of-n: a kept sample's least reward
+    beta: float = 0.1  # dpo-pairs: DPO's inverse temperature
 
 
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
@@ -184,6 +187,12 @@ def rloo(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]
     return _from_sequence_rewards(shaped, inputs, cfg, whiten_by_default=False)
 
 
+def _ranked(inputs: AdvantageInputs, n: int) -> tuple[Tensor, Tensor]:
+    """Per-token rewards [B, T] and what ranks a group's samples: their sum, [n_prompts, n]."""
+    rewards = token_rewards(inputs.rewards, inputs.action_mask, inputs.kl_penalty)
+    return rewards, rewards.sum(dim=1).reshape(-1, n)
+
+
 @register_advantage("best-of-n")
 def best_of_n(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """Rejection sampling (RAFT, Dong et al. 2023, arXiv 2304.06767): 1 on every token of each group's
@@ -195,8 +204,7 @@ def best_of_n(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Te
     reward is below it. Returns are the discounted returns (metrics).
     """
     n = _groups(inputs, "best-of-n").shape[1]
-    rewards = token_rewards(inputs.rewards, inputs.action_mask, inputs.kl_penalty)
-    scores = rewards.sum(dim=1).reshape(-1, n)  # [n_prompts, n]
+    rewards, scores = _ranked(inputs, n)
     # Each sample's place in its group, best first; the first of equal samples ranks first.
     rank = torch.sort(scores, dim=1, descending=True, stable=True).indices.argsort(dim=1)
     kept = (rank < cfg.keep_per_prompt) & (scores > scores.amin(dim=1, keepdim=True))
@@ -204,4 +212,34 @@ def best_of_n(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Te
         kept &= inputs.rewards.reshape(-1, n) >= cfg.min_reward
     returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
     advantages = kept.reshape(-1, 1).to(returns.dtype).expand_as(returns)
+    return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)
+
+
+@register_advantage("dpo-pairs")
+def dpo_pairs(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """Online DPO (Xiong et al. 2024, arXiv 2312.11456; Guo et al. 2024, arXiv 2402.04792): each group's
+    best sample is chosen against its worst (the first of equals; a group that scores alike has no
+    pair), and each sample's advantage is minus DPO's gradient with respect to its summed log-ratio to
+    the reference, times the batch's rows, on every token. With the nll policy loss aggregated
+    seq-mean-token-sum over those rows, the update's gradient is the DPO loss's mean over the pairs
+    (losses.preference.dpo_loss), exactly, while the policy is the one whose log-ratio was read.
+    """
+    if inputs.log_ratio is None:
+        raise ValueError("dpo-pairs needs the policy's log-ratio to the reference (inputs.log_ratio), got None")
+    n = _groups(inputs, "dpo-pairs").shape[1]
+    rewards, scores = _ranked(inputs, n)
+    returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
+    paired = scores.amax(dim=1) > scores.amin(dim=1)
+    first = torch.arange(scores.shape[0]) * n
+    chosen, rejected = (first + scores.argmax(dim=1))[paired], (first + scores.argmin(dim=1))[paired]
+    sequence_log_ratio = (inputs.log_ratio * inputs.action_mask).sum(dim=1).detach().requires_grad_()
+    weights = torch.zeros_like(sequence_log_ratio)
+    if paired.any():
+        with torch.enable_grad():
+            reference = torch.zeros(len(chosen), dtype=sequence_log_ratio.dtype)  # already in the log-ratio
+            pairs = PreferenceInputs(sequence_log_ratio[chosen], sequence_log_ratio[rejected], reference, reference)
+            loss = dpo_loss(pairs, PreferenceConfig(beta=cfg.beta)).losses.mean()
+            (gradient,) = torch.autograd.grad(loss, sequence_log_ratio)
+        weights = -gradient * len(weights)
+    advantages = weights.unsqueeze(1).expand_as(returns)
     return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)

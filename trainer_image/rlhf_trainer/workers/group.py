@@ -95,12 +95,12 @@ class Placement:
 
 def roles_of(spec: RLHFJobSpec) -> list[str]:
     """The model groups a job needs: its algorithm's (the catalogue's), and for online RL the reference
-    only with a KL penalty and the reward model only when a reward source uses it."""
+    with a KL penalty (online-dpo always has one) and the reward model only when a reward source uses it."""
     algorithm = ALGORITHMS[spec.algorithm]
     roles = list(algorithm.roles)
     if not algorithm.online:
         return roles
-    if spec.training.kl.coef > 0:
+    if spec.training.kl.coef > 0 and "reference" not in roles:
         roles.insert(1, "reference")
     if spec.reward and any(source.type == "model" for source in spec.reward.sources):
         roles.append("reward")
