@@ -372,6 +372,11 @@ def test_the_stored_job_shows_the_training_its_algorithm_runs_with(api_server, a
     session, namespace = api_server
     body = next(e for e in examples() if e["metadata"]["name"] == "tiny-grpo-cpu")
     body["spec"]["algorithm"] = algorithm
+    spec = body["spec"]
+    # One optimizer step per rollout (what online-dpo asks, valid for every algorithm), and distill's teacher.
+    spec["training"]["trainBatchSize"] = spec["training"]["rolloutBatchSize"] * spec["rollout"]["samplesPerPrompt"]
+    if algorithm in algorithms.USES_TEACHER:
+        spec["models"]["teacher"] = dict(spec["models"]["actor"])
     for name in algorithms.TRAINING_DEFAULTS:
         body["spec"]["training"].pop(name, None)
     url = f"/apis/rlhf.dev/v1alpha1/namespaces/{namespace}/rlhfjobs?dryRun=All&fieldValidation=Strict"

@@ -67,6 +67,9 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("online-dpo", "Xiong et al. 2024, arXiv:2312.11456; Guo et al. 2024, arXiv:2402.04792", "prompts",
                   ("actor", "reference"), advantage="dpo-pairs", policy_loss="nll", group_samples=True,
                   defaults={"lossAggregation": "seq-mean-token-sum"}),
+    # On-policy distillation: the student samples, the teacher scores its tokens (reverse KL per token).
+    AlgorithmInfo("distill", "Agarwal et al. 2024, GKD, arXiv:2306.13649; Gu et al. 2024, MiniLLM, arXiv:2306.08543",
+                  "prompts", ("actor", "teacher"), advantage="reverse-kl"),
     AlgorithmInfo("dpo", "Rafailov et al. 2023, arXiv:2305.18290", "preferences", ("actor", "reference"),
                   objective="preference"),
     AlgorithmInfo("ipo", "Azar et al. 2023, arXiv:2310.12036", "preferences", ("actor", "reference"),
@@ -86,6 +89,9 @@ ONLINE: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online)
 OFFLINE: tuple[str, ...] = tuple(a.name for a in CATALOGUE if not a.online)
 GROUP_SAMPLES: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.group_samples)
 USES_CRITIC: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "critic" in a.roles)
+USES_TEACHER: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "teacher" in a.roles)
+# Online algorithms whose training signal is a reward (a teacher's is not: its reward only adds to it).
+NEEDS_REWARD: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online and "teacher" not in a.roles)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 # Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.
 ONE_STEP_PER_ROLLOUT: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "dpo-pairs")

@@ -16,7 +16,8 @@ from rlhf_trainer.algorithms import (
 )
 
 ATOL = 1e-6
-NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n", "dpo-pairs"]
+NAMES = ["gae", "reinforce++", "reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n", "dpo-pairs",
+         "reverse-kl"]
 GROUPED = ["reinforce++-baseline", "group-norm", "dr-grpo", "rloo", "best-of-n", "dpo-pairs"]
 
 
@@ -32,7 +33,8 @@ def make_inputs(n_prompts: int, n: int, t: int, seed: int, with_kl: bool = True,
     kl = 0.05 * torch.randn(b, t, generator=gen, dtype=torch.float64) * mask if with_kl else None
     values = torch.randn(b, t, generator=gen, dtype=torch.float64)
     log_ratio = 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
-    return AdvantageInputs(rewards, mask, kl, values, n, log_ratio), lengths.tolist()
+    teacher_log_ratio = 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+    return AdvantageInputs(rewards, mask, kl, values, n, log_ratio, teacher_log_ratio), lengths.tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +148,12 @@ def reference(name: str, inputs: AdvantageInputs, lengths: list[int], cfg: Advan
     seq = ref_shaped_rewards(
         name, inputs.rewards.tolist(), inputs.n_samples_per_prompt, cfg.eps, cfg.unbiased_std
     )
+    if name == "reverse-kl":  # the sequence reward weighed, each token's teacher log-ratio subtracted
+        seq = [cfg.reward_coef * r for r in seq]
     rewards = ref_token_rewards(inputs, seq, lengths)
+    if name == "reverse-kl":
+        rewards = [[r - cfg.teacher_coef * inputs.teacher_log_ratio[b, t].item() if t < lengths[b] else r
+                    for t, r in enumerate(row)] for b, row in enumerate(rewards)]
     if name == "gae":
         adv, ret = ref_gae(rewards, inputs.values.tolist(), lengths, cfg.gamma, cfg.lambd)
     elif name == "dpo-pairs":
@@ -202,8 +209,9 @@ def test_register_advantage_adds_and_refuses_duplicates():
         AdvantageConfig(),
         AdvantageConfig(gamma=0.9, lambd=0.8, whiten=True, unbiased_std=False, eps=1e-6),
         AdvantageConfig(gamma=0.99, lambd=1.0, whiten=False),
+        AdvantageConfig(gamma=0.9, teacher_coef=0.5, reward_coef=2.0),
     ],
-    ids=["defaults", "discounted-whitened-population", "no-whiten"],
+    ids=["defaults", "discounted-whitened-population", "no-whiten", "distill-weights"],
 )
 def test_estimator_matches_loop_reference(name, n_prompts, n, t, seed, cfg):
     inputs, lengths = make_inputs(n_prompts, n, t, seed)
@@ -261,6 +269,16 @@ def test_best_of_n_keeps_the_first_of_equals_and_nothing_of_a_group_that_scores_
     assert adv[:, 0].tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
 
 
+def test_reverse_kl_favours_the_tokens_the_teacher_finds_likelier_and_ignores_the_reward_by_default():
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    inputs = AdvantageInputs(torch.tensor([5.0], dtype=torch.float64), mask,
+                             teacher_log_ratio=torch.tensor([[-1.0, 1.0]], dtype=torch.float64))
+    adv, _ = compute_advantages("reverse-kl", inputs, AdvantageConfig(gamma=0.0))
+    assert adv.tolist() == [[1.0, -1.0]]  # the teacher likelier: up; the actor likelier: down
+    adv, _ = compute_advantages("reverse-kl", inputs, AdvantageConfig(gamma=0.0, reward_coef=0.1))
+    assert adv.tolist() == [[1.0, -0.5]]  # the reward, weighed, on the last token
+
+
 def test_critic_free_advantage_is_constant_along_the_response_without_kl():
     inputs, lengths = make_inputs(2, 4, 6, seed=5, with_kl=False)
     adv, _ = compute_advantages("rloo", inputs, AdvantageConfig(gamma=1.0))
@@ -307,7 +325,9 @@ def test_observation_tokens_between_turns_are_not_steps(name):
         rewards=inputs.rewards, action_mask=gap.expand(4, -1).clone(), n_samples_per_prompt=2,
         kl_penalty=inputs.kl_penalty.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.kl_penalty),
         values=inputs.values.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.values) + 5 * ~gap,
-        log_ratio=inputs.log_ratio.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.log_ratio) + 5 * ~gap)
+        log_ratio=inputs.log_ratio.new_zeros(4, 9).masked_scatter(gap.expand(4, -1), inputs.log_ratio) + 5 * ~gap,
+        teacher_log_ratio=inputs.teacher_log_ratio.new_zeros(4, 9).masked_scatter(
+            gap.expand(4, -1), inputs.teacher_log_ratio) + 5 * ~gap)
     expected = compute_advantages(name, inputs, cfg)
     got = compute_advantages(name, spread, cfg)
     for wanted, found in zip(expected, got):

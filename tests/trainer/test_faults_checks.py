@@ -141,3 +141,20 @@ def test_flash_attention_without_flash_attn_is_refused_before_any_model_loads(to
     assert [error.path for error in refusal.value.errors] == ["spec.models.actor.attnImplementation"]
     assert "flash_attention_2 needs the flash-attn package, which this environment lacks: set attnImplementation: " \
            "sdpa" in str(refusal.value)
+
+
+def test_a_teacher_of_another_vocabulary_is_refused(toy_job, tiny_model, tmp_path, capsys):
+    """distill's teacher scores the actor's token ids: one with another tokenizer would read other tokens."""
+    import json
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model, teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 7}))
+    job = toy_job(**{"algorithm": "distill", "models.teacher": {"path": str(teacher)}})
+    error = refused(job, tmp_path, capsys)
+    assert "spec.models.teacher" in error and f"({config['vocab_size'] + 7} tokens) is not the actor's" in error, error
+    # The same teacher with the actor's vocabulary passes the check.
+    (teacher / "config.json").write_text(json.dumps(config))
+    check(validate(yaml.safe_load(job.read_text())).spec, job.parent)

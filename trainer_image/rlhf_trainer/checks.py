@@ -55,12 +55,13 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
                "with colocation all (hybrid engine) vLLM and training take turns on the same GPUs, so rollouts "
                "cannot run ahead of training: set asyncQueueSize 0, or colocation none or actor-reference")
     if spec.training.colocation == "all":
-        counts = {role: n for role in ("actor", "critic", "reference", "reward")
+        counts = {role: n for role in ("actor", "critic", "reference", "reward", "teacher")
                   if (n := getattr(spec.resources.gpus, role)) is not None}
         if len(set(counts.values())) > 1:
             refuse("spec.resources.gpus", f"with colocation all every role runs on the same GPUs, but the counts "
                    f"differ ({', '.join(f'{r}={n}' for r, n in counts.items())}): set them equal or remove them")
     errors += _missing_data(spec, base_dir) + _unusable_reward_functions(spec, base_dir)
+    errors += _teacher_vocabulary(spec, base_dir)
     if errors:
         raise InvalidJob(errors)
 
@@ -163,11 +164,25 @@ def _refuse_unless_memory_fits(spec: RLHFJobSpec, placement: Placement, base_dir
     refuse_unless_fits(plan_memory(spec, placement, shapes, spec.resources.gpu_product))
 
 
-def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:
-    """max_position_embeddings of a local actor (read from its config.json; hub models are not fetched here)."""
+def _local_config(spec: RLHFJobSpec, role: str, base_dir: Path) -> dict:
+    """A local model's config.json ({} for a hub model: those are not fetched here)."""
     import json
 
-    config = Path(model_path(spec.models, "actor", base_dir)) / "config.json"
-    if not config.is_file():
-        return None
-    return json.loads(config.read_text()).get("max_position_embeddings")
+    config = Path(model_path(spec.models, role, base_dir)) / "config.json"
+    return json.loads(config.read_text()) if config.is_file() else {}
+
+
+def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:
+    """max_position_embeddings of a local actor."""
+    return _local_config(spec, "actor", base_dir).get("max_position_embeddings")
+
+
+def _teacher_vocabulary(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:
+    """The teacher scores the actor's token ids: a teacher of another vocabulary reads other tokens."""
+    if spec.models.teacher is None:
+        return []
+    sizes = [_local_config(spec, role, base_dir).get("vocab_size") for role in ("actor", "teacher")]
+    if None in sizes or sizes[0] == sizes[1]:
+        return []
+    return [FieldError("spec.models.teacher", f"the teacher's vocabulary ({sizes[1]} tokens) is not the actor's "
+                                              f"({sizes[0]}): distill a student of the teacher's tokenizer")]

@@ -70,6 +70,20 @@ class PendingRollout:
     samples_per_prompt: int
 
 
+@dataclass(frozen=True)
+class Scored:
+    """Step 3's scores of a rollout's response tokens, each [B, T] (None: the job has no such group)."""
+
+    actor: Tensor  # log pi_actor, the policy that trains
+    reference: Tensor | None  # log pi_ref (a KL penalty, online-dpo)
+    teacher: Tensor | None  # log pi_teacher (distill)
+    values: Tensor | None  # the critic's V(s_t) (ppo)
+
+    def log_ratio(self, other: Tensor | None) -> Tensor | None:
+        """log pi_actor - log pi_other, or None without that group."""
+        return None if other is None else self.actor - other
+
+
 def in_turns(placement: Placement, roles: list[str], start: Callable[[str], Any], wait: Callable[[Any], Any]) -> dict:
     """{role: wait(start(role))}: every role started before any is waited for, or, when the roles share
     bundles (one model's activations and gradients at a time on a GPU), each after the last ended."""
@@ -262,18 +276,20 @@ class Trainer(RunLoop):
         prompts, samples, reward = rollout.prompts, rollout.samples, rollout.reward
         sequences, attention_mask, action_mask = self._pack(prompts, samples)
 
-        log_probs, base_log_probs, values = self._log_probs_and_values(sequences, attention_mask, action_mask)
-        kl, kl_penalty = self._kl(log_probs, base_log_probs, action_mask)
-        log_ratio = None if base_log_probs is None else log_probs - base_log_probs
-        advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, values, log_ratio)
+        scored = self._log_probs_and_values(sequences, attention_mask, action_mask)
+        kl, kl_penalty = self._kl(scored.actor, scored.reference, action_mask)
+        advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, scored)
         experience = Experience(
             sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
-            action_log_probs=log_probs, base_action_log_probs=base_log_probs, values=values, kl=kl,
+            action_log_probs=scored.actor, base_action_log_probs=scored.reference, values=scored.values, kl=kl,
             rollout_log_probs=self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32),
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
         )
-        return experience, self._rollout_metrics(experience, rollout)
+        metrics = self._rollout_metrics(experience, rollout)
+        if scored.teacher is not None:  # the per-token reverse KL to the teacher (k1), distill's loss
+            metrics["teacher_kl"] = masked_mean(scored.actor - scored.teacher, action_mask).item()
+        return experience, metrics
 
     def _score_rewards(self, prompts: list[PromptItem], samples: list[Completion]) -> RewardResult:
         """2. every spec.reward source's score of each completion (a whole episode's transcript), the
@@ -285,18 +301,17 @@ class Trainer(RunLoop):
             result = RewardResult(torch.zeros(len(samples)), {}, torch.zeros(len(samples)))
         return shape_rewards(result, samples, self.spec)
 
-    def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor,
-                              action_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """3. the actor's and (with a KL penalty) the reference's log-probs of the response tokens, and
-        (ppo) the critic's values; each group working on the whole batch, all groups at once unless
-        they share bundles (then one after another)."""
+    def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Scored:
+        """3. the actor's, the reference's (with a KL penalty) and the teacher's (distill) log-probs of the
+        response tokens, and (ppo) the critic's values; each group working on the whole batch, all
+        groups at once unless they share bundles (then one after another)."""
         num_actions = action_mask.shape[1]
-        roles = [role for role in ("actor", "reference", "critic") if role in self.groups]
+        roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups]
         results = in_turns(self.placement, roles,
                            lambda role: self.groups[role].start_forward(sequences, attention_mask, num_actions),
                            lambda result: result())
         values = results["critic"] * action_mask if "critic" in results else None
-        return results["actor"], results.get("reference"), values
+        return Scored(results["actor"], results.get("reference"), results.get("teacher"), values)
 
     def _kl(self, log_probs: Tensor, base_log_probs: Tensor | None,
             action_mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -310,16 +325,21 @@ class Trainer(RunLoop):
         return kl, penalty
 
     def _advantages(self, rewards: Tensor, action_mask: Tensor, kl_penalty: Tensor | None,
-                    values: Tensor | None, log_ratio: Tensor | None) -> tuple[Tensor, Tensor]:
+                    scored: Scored) -> tuple[Tensor, Tensor]:
         """5. advantages and returns from the estimator the catalogue names for spec.algorithm."""
+        training = self.training
         return compute_advantages(
             self.algorithm.advantage,
-            AdvantageInputs(rewards, action_mask, kl_penalty=kl_penalty, values=values,
-                            n_samples_per_prompt=self.rollout.samples_per_prompt, log_ratio=log_ratio),
-            AdvantageConfig(gamma=self.training.gamma, lambd=self.training.gae_lambda,
-                            keep_per_prompt=self.training.rejection_sampling.keep_per_prompt,
-                            min_reward=self.training.rejection_sampling.min_reward,
-                            beta=self.training.preference.beta),
+            AdvantageInputs(rewards, action_mask, kl_penalty=kl_penalty, values=scored.values,
+                            n_samples_per_prompt=self.rollout.samples_per_prompt,
+                            log_ratio=scored.log_ratio(scored.reference),
+                            teacher_log_ratio=scored.log_ratio(scored.teacher)),
+            AdvantageConfig(gamma=training.gamma, lambd=training.gae_lambda,
+                            keep_per_prompt=training.rejection_sampling.keep_per_prompt,
+                            min_reward=training.rejection_sampling.min_reward,
+                            beta=training.preference.beta,
+                            teacher_coef=training.distillation.kl_coef,
+                            reward_coef=training.distillation.reward_coef),
         )
 
     def _rollout_metrics(self, experience: Experience, rollout: Rollout) -> dict[str, float]:

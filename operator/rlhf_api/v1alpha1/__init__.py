@@ -14,7 +14,7 @@ from .data import DataSpec, DatasetSource, DatasetSpec
 from .shaping import DynamicSamplingSpec, LengthShapingSpec
 from .environment import EnvironmentClass, EnvironmentHTTP, EnvironmentSpec
 from .evaluation import EvalDataset, EvaluationSpec
-from .training import KLSpec, PreferenceSpec, RejectionSamplingSpec, RolloutSpec, TrainingSpec
+from .training import DistillationSpec, KLSpec, PreferenceSpec, RejectionSamplingSpec, RolloutSpec, TrainingSpec
 from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
 from .job import (Algorithm, AttemptUsage, CheckpointStatus, Condition, KeepFailedCluster, KeptCluster, Metrics, Phase,
@@ -52,6 +52,7 @@ __all__ = [
     "EnvironmentSpec",
     "EvalDataset",
     "EvaluationSpec",
+    "DistillationSpec",
     "KLSpec",
     "PreferenceSpec",
     "RejectionSamplingSpec",

@@ -66,7 +66,7 @@ class ModelsSpec(APIModel):
     model_config = cel(*(
         (f"!has(self.{role}) || !has(self.{role}.lora)",
          f"the {role} model is frozen and trains no adapters: remove models.{role}.lora", f".{role}.lora")
-        for role in ("reference", "reward")
+        for role in ("reference", "reward", "teacher")
     ))
 
     actor: ModelSpec
@@ -77,6 +77,8 @@ class ModelsSpec(APIModel):
     """Frozen model the KL penalty is measured against. Defaults to the actor's initial weights."""
     reward: ModelSpec | None = None
     """Reward model (sequence classifier with one label) used by reward sources of type model."""
+    teacher: ModelSpec | None = None
+    """Frozen causal LM that distill distils into the actor: it scores each token the actor samples. It must share the actor's tokenizer (the same vocabulary)."""
 
     def source(self, role: str) -> tuple[str, ModelSpec]:
         """The field a model group loads: the critic defaults to the reward model, else the actor (with a

@@ -76,6 +76,8 @@ class RoleGPUs(APIModel):
     """GPUs of the reference group."""
     reward: int | None = Field(None, ge=1)
     """GPUs of the reward-model group."""
+    teacher: int | None = Field(None, ge=1)
+    """GPUs of the teacher group (distill)."""
 
 
 # A node label's name (Kubernetes' qualified name, optionally prefixed): a Kueue Topology's levels are node labels.

@@ -118,6 +118,15 @@ class RejectionSamplingSpec(APIModel):
     """Keep only samples whose reward is at least this (1 on a task scored 0 or 1: only right answers). Unset: no threshold. Metric trained_fraction is the share of samples kept."""
 
 
+class DistillationSpec(APIModel):
+    """What distill trains on (Agarwal et al. 2024, GKD, arXiv:2306.13649; Gu et al. 2024, MiniLLM, arXiv:2306.08543)."""
+
+    kl_coef: float = Field(1.0, gt=0)
+    """Weight of the teacher: each sampled token's reward is minus this times log pi_actor - log pi_teacher (the per-token reverse KL, whose expectation the policy gradient minimises). Metric teacher_kl is its mean."""
+    reward_coef: float = Field(0.0, ge=0)
+    """Weight of spec.reward's total in the training signal. 0: the reward only measures (its metrics and spec.evaluation), the teacher alone teaches."""
+
+
 class TrainingSpec(APIModel):
     """Optimisation: DeepSpeed, batch sizes, the RL loss and its regularisers."""
 
@@ -189,6 +198,8 @@ class TrainingSpec(APIModel):
     """dpo, ipo, cdpo, kto and online-dpo hyperparameters."""
     rejection_sampling: RejectionSamplingSpec = section(RejectionSamplingSpec)
     """raft: which of each prompt's samples are trained on."""
+    distillation: DistillationSpec = section(DistillationSpec)
+    """distill: the teacher's weight and the reward's."""
     colocation: Literal["none", "actor-reference", "all"] = "none"
     """Share GPUs: none (each role has its own), actor-reference, or all (hybrid engine: every model and vLLM on the same GPUs, taking turns)."""
     async_queue_size: int = Field(0, ge=0, le=64)

@@ -31,6 +31,7 @@ class AdvantageInputs:
     values: Tensor | None = None  # [B, T] critic values V(s_t) at the response tokens (gae only)
     n_samples_per_prompt: int = 1  # group size n; rows are prompt-major: B = n_prompts * n
     log_ratio: Tensor | None = None  # [B, T] log pi_actor - log pi_ref at sampling time (dpo-pairs only)
+    teacher_log_ratio: Tensor | None = None  # [B, T] log pi_actor - log pi_teacher of the sampled tokens (reverse-kl)
 
 
 @dataclass
@@ -45,6 +46,8 @@ class AdvantageConfig:
     keep_per_prompt: int = 1  # best-of-n: the best samples of each group kept
     min_reward: float | None = None  # best-of-n: a kept sample's least reward
     beta: float = 0.1  # dpo-pairs: DPO's inverse temperature
+    teacher_coef: float = 1.0  # reverse-kl: the per-token reverse KL's weight in the reward
+    reward_coef: float = 0.0  # reverse-kl: the sequence reward's weight
 
 
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
@@ -243,3 +246,20 @@ def dpo_pairs(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Te
         weights = -gradient * len(weights)
     advantages = weights.unsqueeze(1).expand_as(returns)
     return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)
+
+
+@register_advantage("reverse-kl")
+def reverse_kl(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv
+    2306.08543): each sampled token's reward is ``-teacher_coef * (log pi_actor - log pi_teacher)``, whose
+    expectation under the actor's sampling is minus the reverse KL to the teacher, plus ``reward_coef``
+    times the sequence reward on the last token; the advantage is the discounted return (gamma 1: the
+    policy gradient of the whole sequence's reverse KL), not whitened.
+    """
+    if inputs.teacher_log_ratio is None:
+        raise ValueError("reverse-kl needs the teacher's log-ratio (inputs.teacher_log_ratio), got None")
+    mask = inputs.action_mask.to(inputs.teacher_log_ratio.dtype)
+    rewards = token_rewards(cfg.reward_coef * inputs.rewards, inputs.action_mask, inputs.kl_penalty)
+    rewards = rewards - cfg.teacher_coef * inputs.teacher_log_ratio * mask
+    returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
+    return _finish(returns.clone(), returns, inputs.action_mask, cfg, whiten_by_default=False)

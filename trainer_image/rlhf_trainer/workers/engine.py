@@ -28,7 +28,7 @@ from ..losses import token_log_probs
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
 
-CAUSAL_LM_ROLES = ("actor", "reference")
+CAUSAL_LM_ROLES = ("actor", "reference", "teacher")
 TRAINED_ROLES = ("actor", "critic", "rm")
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
