@@ -2,7 +2,9 @@
 
 Every estimator is ``estimator(inputs: AdvantageInputs, cfg: AdvantageConfig) -> (advantages, returns)``
 with both outputs ``[B, T]`` and 0 outside ``action_mask``. The per-token reward they all start from is
-``r_t = -kl_penalty_t`` plus the (possibly group-shaped) sequence reward on the last response token.
+``r_t = -kl_penalty_t`` plus the (possibly group-shaped) sequence reward on the last response token
+(reverse-kl adds the teacher's term to every token). best-of-n and dpo-pairs pick samples by it and
+return advantages of their own: 0 on every token of a sample they do not train on.
 ``returns`` are never whitened: for ``gae`` they are the critic's targets, otherwise metrics.
 
 Grouped estimators read the batch as prompt-major: ``B = n_prompts * n_samples_per_prompt`` with the
