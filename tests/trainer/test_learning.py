@@ -141,6 +141,21 @@ def test_a_run_whose_rewards_never_differ_says_so(toy_job, local_ray, tmp_path, 
     assert len(warnings) == 1 and f"no learning signal for {learning_signal.STALL_STEPS} steps" in warnings[0], warnings
 
 
+def test_a_distill_run_without_any_reward_is_no_run_without_signal(toy_job, tiny_model, local_ray, tmp_path, caplog):
+    """distill learns from its teacher: rewards that never differ (here none at all: no spec.reward) are
+    not counted as steps without signal, and nothing says the run cannot learn."""
+    steps = learning_signal.STALL_STEPS + 1
+    job = toy_job(**{"algorithm": "distill", "models.teacher": {"path": str(tiny_model)}, "reward": None,
+                     "training.kl": {"coef": 0}, "training.maxSteps": steps, "checkpoint.intervalSteps": 0,
+                     "checkpoint.exportHf": False})
+    metrics_file = tmp_path / "out" / "metrics.jsonl"
+    assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert len(metrics) == steps and all(m["reward_mean"] == 0 and "teacher_kl" in m for m in metrics), metrics
+    assert not any(learning_signal.METRIC in m for m in metrics), metrics
+    assert not [r for r in caplog.records if r.name == learning_signal.log.name]
+
+
 # On-policy distillation (distill): a student learns the task from a teacher alone. ------------------
 
 # Measured (2026-11-26): gain 0.149 (0.039 -> 0.188; the teacher's own last step 0.179), teacher KL 1.98 -> 0.40.

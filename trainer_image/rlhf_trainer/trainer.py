@@ -6,8 +6,8 @@ Each step, as in OpenRLHF's PPO trainer:
    training.rolloutBatchSize prompts, with the log-prob of every sampled token;
 2. rewards (`_score_rewards`): every spec.reward source scores the completions (a `type: model` source through the
    reward-model group);
-3. the actor's log-probs of the completions, the reference's (when training.kl.coef > 0) and the
-   critic's values (ppo) (`_log_probs_and_values`);
+3. the actor's log-probs of the completions, the reference's (when training.kl.coef > 0, and for
+   online-dpo), the teacher's (distill) and the critic's values (ppo) (`_log_probs_and_values`);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
    (training.kl.placement) (`_kl`);
 5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
@@ -42,6 +42,7 @@ import ray
 import torch
 from torch import Tensor
 
+from rlhf_api.algorithms import NEEDS_REWARD
 from rlhf_api.v1alpha1 import RLHFJob
 
 from . import checkpoint, learning_signal
@@ -176,7 +177,8 @@ class Trainer(RunLoop):
             with self.timer.phase("experience"):
                 experience, rollout_metrics = self._make_experience(rollout)
             metrics.update(rollout_metrics)
-            metrics[learning_signal.METRIC] = self.signal.observe(rollout.reward.total, current.samples_per_prompt)
+            if self.spec.algorithm in NEEDS_REWARD:  # distill learns from its teacher, whatever the rewards
+                metrics[learning_signal.METRIC] = self.signal.observe(rollout.reward.total, current.samples_per_prompt)
             metrics["rollout_seconds"] = time.perf_counter() - started
             metrics["epoch"] = self._epoch(current.data_position)  # prompts seen, in epochs
 
