@@ -5,7 +5,8 @@ model never gets right, say), every group-relative advantage is zero and the pol
 the progress bar shows `reward=0, kl=0, loss=0` as if all were well. The trainer counts such steps in a
 row (the metric METRIC, in every reporter), logs a warning once the count reaches STALL_STEPS, and the
 status reporter (kube_status.py) sets the job's condition CONDITION with the reward statistics and what
-to check, cleared once a step has signal again.
+to check, cleared once a step has signal again. Only for the algorithms that learn from a reward
+(rlhf_api.algorithms.NEEDS_REWARD): distill's signal is its teacher.
 """
 
 from __future__ import annotations
