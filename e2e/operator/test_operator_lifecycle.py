@@ -47,7 +47,10 @@ def test_children_are_created_owned_and_pending(kube, namespace, operator, kuber
 
     status = job["status"]
     assert status["rayJobName"] == "tiny"
-    assert status["observedGeneration"] == job["metadata"]["generation"]
+    # The RayJob's creation event may be mirrored into the status before the reconcile that created it
+    # writes its own (seen under load: Pending/RayJobCreated with no observedGeneration yet): wait for it.
+    wait_for(lambda: (found := get_job(kube, namespace, "tiny"))["status"].get("observedGeneration")
+             == found["metadata"]["generation"], 30, "the reconcile's observedGeneration")
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "False", "Running": "False", "Succeeded": "False", "Failed": "False", "Suspended": "False"}
     wait_for(lambda: "RayJobCreated" in event_reasons(kube, namespace, "tiny"), 30, "the RayJobCreated event")
