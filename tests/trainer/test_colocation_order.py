@@ -79,10 +79,10 @@ def trainer_with(colocation: str, calls: list[str]) -> SimpleNamespace:
 def test_colocated_groups_score_one_after_another(colocation, order):
     calls: list[str] = []
     sequences, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
-    log_probs, base, values = Trainer._log_probs_and_values(trainer_with(colocation, calls), sequences, mask,
-                                                            torch.ones(2, 3, dtype=torch.bool))
+    scored = Trainer._log_probs_and_values(trainer_with(colocation, calls), sequences, mask,
+                                           torch.ones(2, 3, dtype=torch.bool))
     assert calls == order
-    assert log_probs.shape == base.shape == values.shape == (2, 3)
+    assert scored.actor.shape == scored.reference.shape == scored.values.shape == (2, 3) and scored.teacher is None
 
 
 @pytest.mark.parametrize(("colocation", "order"), [

@@ -76,11 +76,11 @@ def test_log_probs_of_actor_and_reference_at_once_equal_one_after_the_other(tiny
         one_by_one = [groups[role].forward(sequences, attention_mask, 8) for role in ("actor", "reference")]
 
         trainer = types.SimpleNamespace(groups=groups, actor=groups["actor"], placement=placement)
-        log_probs, base_log_probs, values = Trainer._log_probs_and_values(trainer, sequences, attention_mask, action_mask)
+        scored = Trainer._log_probs_and_values(trainer, sequences, attention_mask, action_mask)
 
-        assert values is None
-        torch.testing.assert_close(log_probs, one_by_one[0], rtol=0, atol=0)
-        torch.testing.assert_close(base_log_probs, one_by_one[1], rtol=0, atol=0)
+        assert scored.values is None and scored.teacher is None
+        torch.testing.assert_close(scored.actor, one_by_one[0], rtol=0, atol=0)
+        torch.testing.assert_close(scored.reference, one_by_one[1], rtol=0, atol=0)
     finally:
         for group in groups.values():
             for worker in group.workers:
