@@ -55,8 +55,7 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
                "with colocation all (hybrid engine) vLLM and training take turns on the same GPUs, so rollouts "
                "cannot run ahead of training: set asyncQueueSize 0, or colocation none or actor-reference")
     if spec.training.colocation == "all":
-        counts = {role: n for role in ("actor", "critic", "reference", "reward", "teacher")
-                  if (n := getattr(spec.resources.gpus, role)) is not None}
+        counts = {role: n for role, n in spec.resources.gpus if n is not None}
         if len(set(counts.values())) > 1:
             refuse("spec.resources.gpus", f"with colocation all every role runs on the same GPUs, but the counts "
                    f"differ ({', '.join(f'{r}={n}' for r, n in counts.items())}): set them equal or remove them")
