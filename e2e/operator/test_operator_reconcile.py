@@ -91,6 +91,37 @@ def test_an_older_ray_job_copy_does_not_undo_a_newer_mirror(kube, namespace, ope
     assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
 
 
+class Indexed(reconcile.Reads):
+    """The operator's watch as it may lag: the RayJob as this copy has it, the rest from the API server."""
+
+    def __init__(self, ray_job: dict[str, Any]):
+        self.copy = ray_job
+
+    def ray_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.copy
+
+
+def test_a_watched_ray_job_that_already_reads_a_spec_change_does_not_hide_it(kube, namespace, operator_client):
+    """The job's startupDeadlineSeconds went 1800, unset, 1800 again faster than the RayJob watch
+    delivered the operator's own patches: the watched RayJob still read 1800 from the first patch
+    when the third edit came, so nothing was patched and the RayJob stayed without a deadline until
+    the next resync (a race test_operator_chaos's quick edits can meet; it failed once with "its
+    RayJob to carry ... 1800" not within 60 s)."""
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(created))
+    ray_job = kube.get("RayJob", namespace, "tiny")
+    assert "preRunningDeadlineSeconds" not in ray_job["spec"]
+    first_patch = {**ray_job, "spec": {**ray_job["spec"], "preRunningDeadlineSeconds": 1800}}
+    edited = kube.patch(api.KIND, namespace, "tiny", {"spec": {"startupDeadlineSeconds": 1800}})
+    reconcile.reconcile(kopf.Body(edited), Indexed(first_patch))
+    assert kube.get("RayJob", namespace, "tiny")["spec"]["preRunningDeadlineSeconds"] == 1800
+    assert get_job(kube, namespace, "tiny")["status"]["observedGeneration"] == edited["metadata"]["generation"]
+
+    operator_client.writes.clear()  # carried over: the watched copy is trusted again, nothing is read or written
+    reconcile.reconcile(kopf.Body(get_job(kube, namespace, "tiny")), Indexed(kube.get("RayJob", namespace, "tiny")))
+    assert operator_client.writes == []
+
+
 def test_a_status_write_conflict_is_recomputed_and_posted_once(kube, namespace, trainer, monkeypatch):
     stale = create_job(kube, namespace, rlhf_job("tiny"))
     racing = RacingKube(kube.api_client, trainer, races=1)

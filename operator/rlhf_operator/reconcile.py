@@ -322,6 +322,10 @@ def reconcile(body: Any, reads: Reads = API) -> None:
     client = kube.client()
     namespace = meta["namespace"]
     ray_job = reads.ray_job(namespace, names.ray_job(meta["name"]))
+    if ray_job is not None and meta.get("generation") != (body.get("status") or {}).get("observedGeneration"):
+        # A spec change not yet carried over: compared with the RayJob as it is. A watched copy may
+        # predate this operator's own last patch of it and already read what the change asks for.
+        ray_job = API.ray_job(namespace, names.ray_job(meta["name"]))
     if ray_job is not None and not _owned_by(ray_job, meta["uid"]):
         ray_job = None  # someone else's, or a deleted same-named job's: ensure() below says which
     try:
