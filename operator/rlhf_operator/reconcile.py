@@ -314,6 +314,13 @@ def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
     return True
 
 
+def _exists_as_is(meta: dict[str, Any]) -> bool:
+    """The job is still there, that very object (same uid), and not being deleted: read, not watched."""
+    current = API.job(meta["namespace"], meta["name"])
+    return (current is not None and current["metadata"]["uid"] == meta["uid"]
+            and not current["metadata"].get("deletionTimestamp"))
+
+
 def reconcile(body: Any, reads: Reads = API) -> None:
     """Check the job, create what is missing, align the RayJob's lifecycle fields, mirror status."""
     meta = body["metadata"]
@@ -353,6 +360,9 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         # Children are created before the RayJob, so while it exists they were made (one deleted out
         # of band since is made again with the RayJob, not on every reconcile).
         if ray_job is None:
+            if body.get("status") and not _exists_as_is(meta):
+                return  # a lagging copy of a job deleted since: nothing is made for it (the index keeps
+                # such ghosts, see resync; the garbage collector would delete what was made, after the fact)
             checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name),
                          lambda name: client.get("PersistentVolumeClaim", namespace, name), waited=_age_seconds(meta))
             for child in render.supporting_children(job):
