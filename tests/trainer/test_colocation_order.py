@@ -68,7 +68,7 @@ def trainer_with(colocation: str, calls: list[str]) -> SimpleNamespace:
     placement = placement_of(colocation)
     groups = {role: Group(role, calls) for role in ("actor", "reference", "critic")}
     training = SimpleNamespace(seed=1, train_batch_size=2, micro_train_batch_size=1, epochs=1)
-    return SimpleNamespace(placement=placement, groups=groups, training=training, step=0,
+    return SimpleNamespace(placement=placement, groups=groups, training=training, step=0, scores_actor_in_update=False,
                            trained_groups={role: groups[role] for role in ("actor", "critic")})
 
 
@@ -147,3 +147,29 @@ def test_cpu_adam_gets_the_worker_pod_s_cpus_per_gpu(offload, use_gpu, env):
     manifest = yaml.safe_load((EXAMPLES / "ppo-job.yaml").read_text())
     manifest["spec"]["training"]["offloadOptimizer"] = offload
     assert trained_rank_env(validate(manifest).spec, use_gpu) == env
+
+
+def test_without_the_actors_pass_the_other_groups_score_and_the_actor_is_left_none():
+    """One optimizer step per rollout (Trainer.scores_actor_in_update): step 3 does not start the actor."""
+    calls: list[str] = []
+    trainer = trainer_with("none", calls)
+    trainer.scores_actor_in_update = True
+    scored = Trainer._log_probs_and_values(trainer, torch.ones(2, 5, dtype=torch.long),
+                                           torch.ones(2, 5, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
+    assert calls == ["start reference", "start critic", "wait reference", "wait critic"]
+    assert scored.actor is None and scored.log_ratio(scored.reference) is None
+
+
+@pytest.mark.parametrize(("example", "changes", "skipped"), [
+    ("smollm2-grpo-cpu-job.yaml", {}, True),  # 8 prompts x 8 samples, trainBatchSize 64, one epoch, KL in the loss
+    ("smollm2-grpo-cpu-job.yaml", {"epochs": 2}, False),  # the second epoch's ratio needs the first's weights
+    ("smollm2-grpo-cpu-job.yaml", {"trainBatchSize": 32, "microTrainBatchSize": 8}, False),  # two optimizer steps
+    ("smollm2-grpo-cpu-job.yaml", {"kl": {"coef": 0.01, "placement": "reward"}}, False),  # read by the advantages
+    ("smollm2-grpo-cpu-job.yaml", {"kl": {"coef": 0.0, "placement": "reward"}}, True),  # no penalty to read
+    ("smollm2-online-dpo-cpu-job.yaml", {}, False),  # its estimator reads the log-ratio to the reference
+    ("smollm2-distill-cpu-job.yaml", {}, False),  # its estimator reads the log-ratio to the teacher
+])
+def test_the_actor_is_scored_in_the_update_when_nothing_before_it_reads_its_log_probs(example, changes, skipped):
+    manifest = yaml.safe_load((EXAMPLES / example).read_text())
+    manifest["spec"]["training"].update(changes)
+    assert trainer_module.actor_scored_in_update(validate(manifest).spec) is skipped

@@ -210,6 +210,33 @@ def test_rollout_correction_weighs_each_token_by_its_truncated_engine_ratio(tiny
         assert sorted(clipped) == [0.0, 5 / 8]
 
 
+def test_a_step_without_old_log_probs_trains_as_with_the_actors_own_and_reports_their_metrics(tiny_model, one_rank):
+    """One optimizer step per rollout (Trainer.scores_actor_in_update): the experience carries no
+    action_log_probs, the step reads its own forward's, detached. Same gradient as with the actor's
+    log-probs scored before the update (ratio 1, rollout correction and the KL in the loss included),
+    and the metrics the trainer would have computed from them (logprob_diff, kl) come from the step."""
+    from transformers import AutoModelForCausalLM
+
+    hand = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    scored = _experience([2, 8])
+    scored.action_log_probs = _hand_log_probs(hand, scored.sequences, 8).detach()
+    gap = torch.linspace(-1.0, 1.5, 16).view(2, 8)
+    scored.rollout_log_probs = scored.action_log_probs - gap
+    scored.base_action_log_probs = scored.action_log_probs + 0.3 * gap
+    training = dict(rollout_correction_cap=2.0, kl={"coef": 0.1, "placement": "loss", "estimator": "k3"})
+    with_scores, with_metrics = _one_policy_step(tiny_model, scored, **training)
+    without, metrics = _one_policy_step(tiny_model, replace(scored, action_log_probs=None), **training)
+    for name, grad in with_scores.items():
+        torch.testing.assert_close(without[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert all("logprob_diff" not in m and "kl" not in m for m in with_metrics)
+    mask = scored.action_mask  # one row per micro-batch, in a shuffled order: compared as sorted lists
+    kl = compute_kl(scored.action_log_probs, scored.base_action_log_probs, mask, "k3")
+    assert sorted(m["logprob_diff"] for m in metrics) == pytest.approx(
+        sorted(float(gap[row][mask[row]].abs().mean()) for row in range(2)), abs=1e-4)
+    assert sorted(m["kl"] for m in metrics) == pytest.approx(
+        sorted(float(kl[row][mask[row]].mean()) for row in range(2)), abs=1e-4)
+
+
 def test_sft_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):
     """The offline side of the same rule: two accumulated sft micro-batches of 2 and 8 response
     tokens train as the mean NLL of the step's 10 tokens, not as the mean of two per-batch means."""

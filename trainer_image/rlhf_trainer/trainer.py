@@ -6,8 +6,9 @@ Each step, as in OpenRLHF's PPO trainer:
    training.rolloutBatchSize prompts, with the log-prob of every sampled token;
 2. rewards (`_score_rewards`): every spec.reward source scores the completions (a `type: model` source through the
    reward-model group);
-3. the actor's log-probs of the completions, the reference's (when training.kl.coef > 0, and for
-   online-dpo), the teacher's (distill) and the critic's values (ppo) (`_log_probs_and_values`);
+3. the actor's log-probs of the completions (unless the update's forward gives them:
+   `scores_actor_in_update`), the reference's (when training.kl.coef > 0, and for online-dpo), the
+   teacher's (distill) and the critic's values (ppo) (`_log_probs_and_values`);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
    (training.kl.placement) (`_kl`);
 5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
@@ -42,11 +43,18 @@ import ray
 import torch
 from torch import Tensor
 
-from rlhf_api.algorithms import NEEDS_REWARD
-from rlhf_api.v1alpha1 import RLHFJob
+from rlhf_api.algorithms import ALGORITHMS, NEEDS_REWARD
+from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
 from . import checkpoint, learning_signal
-from .algorithms import AdvantageConfig, AdvantageInputs, compute_advantages, compute_kl, kl_in_reward
+from .algorithms import (
+    READS_ACTOR_LOG_PROBS,
+    AdvantageConfig,
+    AdvantageInputs,
+    compute_advantages,
+    compute_kl,
+    kl_in_reward,
+)
 from .data import PromptDataset, PromptItem, PromptLoader
 from .environments import environment_factory
 from .environments.runner import start_runner
@@ -75,14 +83,26 @@ class PendingRollout:
 class Scored:
     """Step 3's scores of a rollout's response tokens, each [B, T] (None: the job has no such group)."""
 
-    actor: Tensor  # log pi_actor, the policy that trains
+    actor: Tensor | None  # log pi_actor, the policy that trains (None: Trainer.scores_actor_in_update)
     reference: Tensor | None  # log pi_ref (a KL penalty, online-dpo)
     teacher: Tensor | None  # log pi_teacher (distill)
     values: Tensor | None  # the critic's V(s_t) (ppo)
 
     def log_ratio(self, other: Tensor | None) -> Tensor | None:
-        """log pi_actor - log pi_other, or None without that group."""
-        return None if other is None else self.actor - other
+        """log pi_actor - log pi_other, or None without either."""
+        return None if other is None or self.actor is None else self.actor - other
+
+
+def actor_scored_in_update(spec: RLHFJobSpec) -> bool:
+    """One optimizer step per rollout, and nothing before the update reads the actor's log-probs (a KL
+    penalty in the reward, an estimator's log-ratio): the update's forward runs on the very weights
+    step 3 would score with, so step 3 leaves the actor out and the update reads its own (as TRL's
+    GRPO does), one forward pass over the batch fewer per step."""
+    training = spec.training
+    return (training.epochs == 1
+            and training.train_batch_size == training.rollout_batch_size * spec.rollout.samples_per_prompt
+            and ALGORITHMS[spec.algorithm].advantage not in READS_ACTOR_LOG_PROBS
+            and not (training.kl.coef > 0 and training.kl.placement == "reward"))
 
 
 def in_turns(placement: Placement, roles: list[str], start: Callable[[str], Any], wait: Callable[[Any], Any]) -> dict:
@@ -107,6 +127,7 @@ class Trainer(RunLoop):
                                     shuffle=self.spec.data.prompts.shuffle), passes=self.training.episodes)
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt
         self.optimizer_steps = self.total_steps * self.training.epochs * samples // self.training.train_batch_size
+        self.scores_actor_in_update = actor_scored_in_update(self.spec)
         self.engines: list = []
         self.runner = None  # the multi-turn episode runner (spec.environment)
         self.evaluation = self.spec.evaluation and Evaluation(
@@ -308,18 +329,20 @@ class Trainer(RunLoop):
         response tokens, and (ppo) the critic's values; each group working on the whole batch, all
         groups at once unless they share bundles (then one after another)."""
         num_actions = action_mask.shape[1]
-        roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups]
+        roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups
+                 and not (role == "actor" and self.scores_actor_in_update)]
         results = in_turns(self.placement, roles,
                            lambda role: self.groups[role].start_forward(sequences, attention_mask, num_actions),
                            lambda result: result())
         values = results["critic"] * action_mask if "critic" in results else None
-        return Scored(results["actor"], results.get("reference"), results.get("teacher"), values)
+        return Scored(results.get("actor"), results.get("reference"), results.get("teacher"), values)
 
-    def _kl(self, log_probs: Tensor, base_log_probs: Tensor | None,
+    def _kl(self, log_probs: Tensor | None, base_log_probs: Tensor | None,
             action_mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """4. the per-token KL to the reference (none without one), and its penalty when training.kl
-        places it in the reward (in the loss, the actor's policy step adds it)."""
-        if base_log_probs is None:
+        """4. the per-token KL to the reference (none without one, or without the actor's log-probs: the
+        update reports it then), and its penalty when training.kl places it in the reward (in the loss,
+        the actor's policy step adds it)."""
+        if base_log_probs is None or log_probs is None:
             return None, None
         kl_spec = self.training.kl
         kl = compute_kl(log_probs, base_log_probs, action_mask, kl_spec.estimator)
@@ -355,15 +378,16 @@ class Trainer(RunLoop):
             "truncated_fraction": sum(c.truncated for c in samples) / len(samples),
             "turns": sum(c.turns for c in samples) / len(samples),
             "tokens_per_second": rollout.tokens / rollout.seconds,  # sampled, dropped groups' too
-            # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
-            # sync works, growing with every update the engines miss when it does not.
-            "logprob_diff": masked_mean((experience.rollout_log_probs - experience.action_log_probs).abs(),
-                                        action_mask).item(),
             "advantage_mean": masked_mean(experience.advantages, action_mask).item(),
             # The share of samples with a nonzero advantage on some token: raft's kept samples
             # (the rest have no gradient), a group estimator's samples in groups whose rewards differ.
             "trained_fraction": (experience.advantages != 0).any(dim=1).float().mean().item(),
         }
+        if experience.action_log_probs is not None:  # else the update reports it (objectives.policy_step)
+            # vLLM's and the actor's log-probs of the same tokens: numerical noise while the weight
+            # sync works, growing with every update the engines miss when it does not.
+            metrics["logprob_diff"] = masked_mean(
+                (experience.rollout_log_probs - experience.action_log_probs).abs(), action_mask).item()
         if experience.kl is not None:
             metrics["kl"] = masked_mean(experience.kl, action_mask).item()
         return metrics

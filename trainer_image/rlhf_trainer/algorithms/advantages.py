@@ -54,10 +54,16 @@ class AdvantageConfig:
 
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+# The estimators that read the actor's log-probs of the rollout (a log-ratio): the trainer scores
+# them before the update for these (Trainer.scores_actor_in_update).
+READS_ACTOR_LOG_PROBS: set[str] = set()
 
 
-def register_advantage(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator adding an estimator to ``ADVANTAGE_ESTIMATORS`` under ``name``."""
+def register_advantage(name: str, reads_actor_log_probs: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator to ``ADVANTAGE_ESTIMATORS`` under ``name``; reads_actor_log_probs:
+    it reads ``log_ratio`` or ``teacher_log_ratio``."""
+    if reads_actor_log_probs:
+        READS_ACTOR_LOG_PROBS.add(name)
     return ADVANTAGE_ESTIMATORS.register(name)
 
 
@@ -220,7 +226,7 @@ def best_of_n(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Te
     return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)
 
 
-@register_advantage("dpo-pairs")
+@register_advantage("dpo-pairs", reads_actor_log_probs=True)
 def dpo_pairs(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """Online DPO (Xiong et al. 2024, arXiv 2312.11456; Guo et al. 2024, arXiv 2402.04792): each group's
     best sample is chosen against its worst (the first of equals; a group that scores alike has no
@@ -250,7 +256,7 @@ def dpo_pairs(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Te
     return _finish(advantages, returns, inputs.action_mask, cfg, whiten_by_default=False)
 
 
-@register_advantage("reverse-kl")
+@register_advantage("reverse-kl", reads_actor_log_probs=True)
 def reverse_kl(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, Tensor]:
     """On-policy distillation (Agarwal et al. 2024, GKD, arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv
     2306.08543): each sampled token's reward is ``-teacher_coef * (log pi_actor - log pi_teacher)``, whose

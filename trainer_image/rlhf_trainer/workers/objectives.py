@@ -80,28 +80,37 @@ def aggregation(model: Model, exp: Batch) -> tuple[str, float | None]:
 
 
 def policy_step(model: Model, exp: Experience) -> dict[str, float]:
-    """The algorithm's policy loss (with training.kl in the loss when placed there, and the entropy bonus)."""
+    """The algorithm's policy loss (with training.kl in the loss when placed there, and the entropy bonus).
+    Without exp.action_log_probs (one optimizer step per rollout) this forward's log-probs, detached, are
+    the policy's before the update (the weights have not moved yet): the ratio is 1, the gradient the
+    policy gradient, and the metrics the trainer reads from them (logprob_diff, kl) come from here."""
     training = model.cfg.training
     mode, normalizer = aggregation(model, exp)
     logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
     log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
+    scored_here = exp.action_log_probs is None
+    old_log_probs = log_probs.detach() if scored_here else exp.action_log_probs
     per_token = POLICY_LOSSES[model.cfg.policy_loss](
-        log_probs, exp.action_log_probs, exp.advantages, exp.action_mask, training)
+        log_probs, old_log_probs, exp.advantages, exp.action_mask, training)
     correction = {}
     if training.rollout_correction_cap is not None:
-        tis = truncated_is_weights(exp.action_log_probs, exp.rollout_log_probs, exp.action_mask,
+        tis = truncated_is_weights(old_log_probs, exp.rollout_log_probs, exp.action_mask,
                                    training.rollout_correction_cap)
         token_loss, *flags = per_token  # the TIS-weighted loss of Yao et al. 2025: each token's loss times its weight
         per_token = (token_loss * tis.weights, *flags)
         correction = {"rollout_correction_clipped_fraction": float(tis.clipped_fraction)}
-    policy = policy_loss(per_token, log_probs, exp.action_log_probs, exp.action_mask, mode, normalizer)
+    policy = policy_loss(per_token, log_probs, old_log_probs, exp.action_mask, mode, normalizer)
     loss = policy.loss
     metrics = policy.metrics()  # loss, clip_fraction, dual_clip_fraction, approx_kl
     metrics["policy_loss"] = metrics.pop("loss")
     metrics.update(correction)
+    if scored_here and exp.rollout_log_probs is not None:
+        metrics["logprob_diff"] = float(masked_mean((exp.rollout_log_probs - old_log_probs).abs(), exp.action_mask))
     if training.kl.placement == "loss" and exp.base_action_log_probs is not None:
         kl = compute_kl(log_probs, exp.base_action_log_probs, exp.action_mask, training.kl.estimator)
         loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, mode, normalizer)
+        if scored_here:
+            metrics["kl"] = float(masked_mean(kl.detach(), exp.action_mask))
     entropy = entropy_from_logits(logits if training.entropy_coef else logits.detach())
     if training.entropy_coef:
         loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, mode, normalizer)
