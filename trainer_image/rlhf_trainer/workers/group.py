@@ -35,6 +35,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 from ..experience import Experience
 from .engine import ModelConfig
 from .model_worker import ModelWorker
+from . import threads
 from .rollout import RolloutEngine, engine_env
 
 ROLLOUT = "rollout"
@@ -231,6 +232,7 @@ class ModelGroup:
         bundles = placement.ranks[role]
         self.role = role
         self.base = False  # read with LoRA adapters off (base_model_view)
+        env = {**(env or {}), **({} if placement.use_gpu else threads.CPU_ENV)}
         runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
         self.workers = [
             worker.options(**_on_bundle(group, placement, bundle, **runtime_env)).remote(rank, len(bundles))

@@ -28,6 +28,7 @@ from . import weights
 from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
 from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, value_step
+from .threads import share_the_cores
 
 
 class ModelWorker:
@@ -48,6 +49,8 @@ class ModelWorker:
         torch.manual_seed(cfg.training.seed)
         store = self.store or join_store(master_addr, master_port, self.world_size, COLLECTIVE_TIMEOUT)
         init_distributed(self.rank, self.world_size, store, use_gpu=cfg.use_gpu)
+        if not cfg.use_gpu:
+            share_the_cores(self.world_size)  # the group's ranks work at once; the other groups wait their turn
         self.model = load_model(cfg, self.rank, self.world_size)
 
     # -- forward passes --------------------------------------------------------------------------

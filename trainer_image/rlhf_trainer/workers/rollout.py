@@ -15,6 +15,8 @@ import torch
 
 from rlhf_api.v1alpha1 import RolloutSpec
 
+from . import threads
+
 # Where vLLM's engine core runs on CPU: "actor" (the engine actor's own process: the tiny model's engine
 # started in 12 s with 0.96 GB against 40 s and 2.7 GB out of process, measured under load) or "own" (a
 # process of its own, as on every GPU: each call crosses a process boundary).
@@ -30,6 +32,7 @@ CPU_ENV = {
     # (batched_count_greater_than) on the first generate: seconds of inductor, no faster after.
     "TORCHDYNAMO_DISABLE": "1",
     "VLLM_LOGGING_LEVEL": "ERROR",  # INFO lines per request, and a warning per weight reload about the tied lm_head
+    **threads.CPU_ENV,
 }
 
 
@@ -114,6 +117,8 @@ class RolloutEngine:
                     AutoConfig.from_pretrained(model_path, revision=revision), dtype,
                     max_model_len=max_model_len, sequences=sequences, block_size=CPU_BLOCK_SIZE),
             )
+        if not use_gpu:
+            threads.share_the_cores(rollout.tensor_parallel_size)  # before vLLM's CPU worker forbids it
         self.llm = LLM(**options)
         # An engine core in its own process batches the requests as they reach it, which timing decides, so
         # each request there samples from a generator of its own, seeded by this engine's seed and the
