@@ -11,7 +11,7 @@ PromptLoader draws them), 8 samples each, 8 new tokens, temperature 1, lr 5e-3 c
 token-mean PPO-clip loss over the step's tokens (TRL loss_type "dapo"), 2 optimizer steps of 64 samples per rollout
 (micro-batches of 16), float32. One "step" below is one rollout + its update: one step of ours,
 two optimizer steps of TRL's. TRL generates with transformers `generate` (use_vllm=False) and
-runs torch on one thread by default (--trl-threads), as Ray runs each of our training ranks.
+runs torch on all cores by default (torch's own default; --trl-threads N sets N), as our trainer runs each phase.
 
 --model-shape runs another of rlhf_trainer.tiny.SHAPES (random weights, built offline, the same toy
 prompts and reward; results then in grpo_cpu_vs_trl_<shape>.json), or `smollm2`: the real pretrained
@@ -240,9 +240,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="pairs at most (default 5; fewer if the budget ends)")
     parser.add_argument("--budget-minutes", type=float, default=11.0,
                         help="start another pair only if it should end within this (default 11)")
-    parser.add_argument("--trl-threads", type=int, default=1,
-                        help="torch threads of the TRL process (default 1, what Ray gives each of our training ranks: "
-                             "OMP_NUM_THREADS=1 for an actor of one CPU); 0 leaves torch's default (one per core)")
+    parser.add_argument("--trl-threads", type=int, default=0,
+                        help="torch threads of the TRL process (default 0: torch's default, one per core, TRL at its "
+                             "best here and what our trainer gives each phase: workers/threads.py)")
     parser.add_argument("--model-shape", choices=MODELS, default="tiny",
                         help="a random model of one of rlhf_trainer.tiny.SHAPES on the toy task, or smollm2: the real "
                              "pretrained SmolLM2-135M-Instruct on its arithmetic task, scored on held-out prompts (default tiny)")
