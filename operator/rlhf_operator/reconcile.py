@@ -314,11 +314,9 @@ def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
     return True
 
 
-def _exists_as_is(meta: dict[str, Any]) -> bool:
-    """The job is still there, that very object (same uid), and not being deleted: read, not watched."""
-    current = API.job(meta["namespace"], meta["name"])
-    return (current is not None and current["metadata"]["uid"] == meta["uid"]
-            and not current["metadata"].get("deletionTimestamp"))
+def _is_live(job: dict[str, Any] | None, uid: str) -> bool:
+    """That very job (not a newer one of the same name), and not being deleted."""
+    return job is not None and job["metadata"]["uid"] == uid and not job["metadata"].get("deletionTimestamp")
 
 
 def reconcile(body: Any, reads: Reads = API) -> None:
@@ -360,7 +358,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         # Children are created before the RayJob, so while it exists they were made (one deleted out
         # of band since is made again with the RayJob, not on every reconcile).
         if ray_job is None:
-            if body.get("status") and not _exists_as_is(meta):
+            if body.get("status") and not _is_live(API.job(namespace, meta["name"]), meta["uid"]):
                 return  # a lagging copy of a job deleted since: nothing is made for it (the index keeps
                 # such ghosts, see resync; the garbage collector would delete what was made, after the fact)
             checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name),
@@ -442,7 +440,7 @@ def on_ray_job_event(event_type: str | None, ray_job: Any, reads: Reads = API) -
     if event_type == "DELETED":  # what follows may recreate the RayJob: read the job fresh
         reads = API
     body = reads.job(ray_meta["namespace"], owner["name"])
-    if body is None or body["metadata"]["uid"] != owner["uid"] or body["metadata"].get("deletionTimestamp"):
+    if not _is_live(body, owner["uid"]):
         return  # the job is gone or going; the garbage collector takes care of the rest
     if event_type != "DELETED":
         mirror(body, dict(ray_job), None, reads)

@@ -68,7 +68,7 @@ def trainer_with(colocation: str, calls: list[str]) -> SimpleNamespace:
     placement = placement_of(colocation)
     groups = {role: Group(role, calls) for role in ("actor", "reference", "critic")}
     training = SimpleNamespace(seed=1, train_batch_size=2, micro_train_batch_size=1, epochs=1)
-    return SimpleNamespace(placement=placement, groups=groups, training=training, step=0, scores_actor_in_update=False,
+    return SimpleNamespace(placement=placement, groups=groups, training=training, step=0, actor_scored_in_update=False,
                            trained_groups={role: groups[role] for role in ("actor", "critic")})
 
 
@@ -150,10 +150,10 @@ def test_cpu_adam_gets_the_worker_pod_s_cpus_per_gpu(offload, use_gpu, env):
 
 
 def test_without_the_actors_pass_the_other_groups_score_and_the_actor_is_left_none():
-    """One optimizer step per rollout (Trainer.scores_actor_in_update): step 3 does not start the actor."""
+    """One optimizer step per rollout (trainer.actor_scored_in_update): step 3 does not start the actor."""
     calls: list[str] = []
     trainer = trainer_with("none", calls)
-    trainer.scores_actor_in_update = True
+    trainer.actor_scored_in_update = True
     scored = Trainer._log_probs_and_values(trainer, torch.ones(2, 5, dtype=torch.long),
                                            torch.ones(2, 5, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
     assert calls == ["start reference", "start critic", "wait reference", "wait critic"]

@@ -211,7 +211,7 @@ def test_rollout_correction_weighs_each_token_by_its_truncated_engine_ratio(tiny
 
 
 def test_a_step_without_old_log_probs_trains_as_with_the_actors_own_and_reports_their_metrics(tiny_model, one_rank):
-    """One optimizer step per rollout (Trainer.scores_actor_in_update): the experience carries no
+    """One optimizer step per rollout (trainer.actor_scored_in_update): the experience carries no
     action_log_probs, the step reads its own forward's, detached. Same gradient as with the actor's
     log-probs scored before the update (ratio 1, rollout correction and the KL in the loss included),
     and the metrics the trainer would have computed from them (logprob_diff, kl) come from the step."""

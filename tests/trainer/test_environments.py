@@ -108,7 +108,7 @@ def test_observation_tokens_carry_no_gradient_and_policy_log_probs_are_the_engin
     from rlhf_trainer.workers.engine import position_ids
 
     # Two optimizer steps per rollout: the actor scores the rollout before the update (with one, the
-    # update's own forward would: Trainer.scores_actor_in_update).
+    # update's own forward would: trainer.actor_scored_in_update).
     job_file = write_game_job(tmp_path, tiny_model, **{"training.rolloutBatchSize": 8, "training.trainBatchSize": 32})
     job = validate(yaml.safe_load(job_file.read_text()))
     trainer = Trainer(job, check(job.spec, tmp_path), base_dir=tmp_path, output_dir=tmp_path / "out",

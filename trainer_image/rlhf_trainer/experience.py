@@ -46,7 +46,7 @@ class Experience:
     # [B, T] True on response tokens that are trained on
     action_mask: Tensor = _action(required=True)
     # [B, T] log-probs of the response tokens under the actor before the update; None when the
-    # update's own first forward gives them (one optimizer step per rollout: Trainer.scores_actor_in_update)
+    # update's own first forward gives them (one optimizer step per rollout: trainer.actor_scored_in_update)
     action_log_probs: Tensor | None = _action()
     # [B, T] the rollout engine's (vLLM's) sampling log-probs of the response tokens, 0 on
     # observation tokens (training.rolloutCorrectionCap weighs the loss by their gap to action_log_probs)

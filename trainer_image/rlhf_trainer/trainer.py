@@ -7,7 +7,7 @@ Each step, as in OpenRLHF's PPO trainer:
 2. rewards (`_score_rewards`): every spec.reward source scores the completions (a `type: model` source through the
    reward-model group);
 3. the actor's log-probs of the completions (unless the update's forward gives them:
-   `scores_actor_in_update`), the reference's (when training.kl.coef > 0, and for online-dpo), the
+   `actor_scored_in_update`), the reference's (when training.kl.coef > 0, and for online-dpo), the
    teacher's (distill) and the critic's values (ppo) (`_log_probs_and_values`);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
    (training.kl.placement) (`_kl`);
@@ -83,7 +83,7 @@ class PendingRollout:
 class Scored:
     """Step 3's scores of a rollout's response tokens, each [B, T] (None: the job has no such group)."""
 
-    actor: Tensor | None  # log pi_actor, the policy that trains (None: Trainer.scores_actor_in_update)
+    actor: Tensor | None  # log pi_actor, the policy that trains (None: trainer.actor_scored_in_update)
     reference: Tensor | None  # log pi_ref (a KL penalty, online-dpo)
     teacher: Tensor | None  # log pi_teacher (distill)
     values: Tensor | None  # the critic's V(s_t) (ppo)
@@ -127,7 +127,7 @@ class Trainer(RunLoop):
                                     shuffle=self.spec.data.prompts.shuffle), passes=self.training.episodes)
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt
         self.optimizer_steps = self.total_steps * self.training.epochs * samples // self.training.train_batch_size
-        self.scores_actor_in_update = actor_scored_in_update(self.spec)
+        self.actor_scored_in_update = actor_scored_in_update(self.spec)
         self.engines: list = []
         self.runner = None  # the multi-turn episode runner (spec.environment)
         self.evaluation = self.spec.evaluation and Evaluation(
@@ -330,7 +330,7 @@ class Trainer(RunLoop):
         groups at once unless they share bundles (then one after another)."""
         num_actions = action_mask.shape[1]
         roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups
-                 and not (role == "actor" and self.scores_actor_in_update)]
+                 and not (role == "actor" and self.actor_scored_in_update)]
         results = in_turns(self.placement, roles,
                            lambda role: self.groups[role].start_forward(sequences, attention_mask, num_actions),
                            lambda result: result())

@@ -55,7 +55,7 @@ class AdvantageConfig:
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], "tuple[Tensor, Tensor]"]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 # The estimators that read the actor's log-probs of the rollout (a log-ratio): the trainer scores
-# them before the update for these (Trainer.scores_actor_in_update).
+# them before the update for these (trainer.actor_scored_in_update).
 READS_ACTOR_LOG_PROBS: set[str] = set()
 
 
