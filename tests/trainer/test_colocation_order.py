@@ -132,8 +132,8 @@ def test_the_hybrid_engine_wakes_its_weights_takes_the_sync_then_wakes_its_kv_ca
     trainer.placement = SimpleNamespace(use_gpu=use_gpu, engines_colocated=placement_of(colocation).engines_colocated)
     trainer.groups = {role: Ranks(role, calls) for role in ("actor", "reference", "critic")}
     trainer.engines = [Engine(calls)]
-    trainer._sync_weights = lambda: calls.append("sync")
-    trainer._wake_and_sync()
+    trainer._sync_weights = lambda version: calls.append("sync")
+    trainer._wake_and_sync(1)
     assert calls == order
 
 

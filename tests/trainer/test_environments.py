@@ -368,9 +368,14 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
             self.generated += [self.version] * len(prompt_token_ids)
             return [[Completion([5], [-1.0], False)] for _ in prompt_token_ids], 0.0
 
+        def pause(self):
+            return 0
+
         def receive_weights(self, announced, dtype, bucket_bytes):
-            self.version += 1
             self.signal.set.remote()
+
+        def resume(self, version):
+            self.version = version
 
         def ready(self):
             pass
@@ -394,7 +399,7 @@ def test_the_weight_sync_waits_for_the_episodes_queued_before_it(tiny_model, loc
         episode = runner.run.remote([PromptItem("p", [1, 2], "race")], sampling)
         # The warm-up's two turns, then the race episode's first; its step now waits for the weights.
         wait_for(lambda: len(ray.get(engine.log.remote())[0]) == 3, 60, "the episode's first turn")
-        trainer._sync_weights()
+        trainer._sync_weights(1)
         ray.get(episode)
         assert ray.get(engine.log.remote()) == ([0, 0, 0, 0], 1)  # both turns by version 0, then the new weights
     finally:

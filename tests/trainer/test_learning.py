@@ -30,9 +30,10 @@ CASES = {
     "ppo": ({"training.zeroStage": 3, "training.criticLearningRate": 5.0e-3, "training.colocation": "actor-reference"},
             16, 0.1),  # 0.146
     "reinforce++": ({"rollout.samplesPerPrompt": 4, "training.rolloutBatchSize": 32}, 12, 0.03),  # 0.104
-    # Rollouts generated one update ahead of training, corrected for the engines' lag by truncated
-    # importance sampling.
-    "rloo": ({"training.asyncQueueSize": 1, "training.rolloutCorrectionCap": 2.0}, 12, 0.03),  # 0.088
+    # Rollouts generated one update ahead of training, paused by each weight sync and finished by the new
+    # weights (partial rollouts), corrected for the engines' lag by truncated importance sampling.
+    "rloo": ({"training.asyncQueueSize": 1, "rollout.partial": True, "training.rolloutCorrectionCap": 2.0},
+             12, 0.03),  # 0.088 before partial rollouts
     # Rejection sampling: the likelihood of each prompt's best sample (of 8).
     "raft": ({}, 10, 0.05),  # 0.086
     # Online DPO: each prompt's best sample against its worst, one DPO step per rollout.
@@ -74,7 +75,9 @@ def test_reward_rises(algorithm, toy_job, local_ray, tmp_path, capsys):
     # The weight sync, checked at every step: vLLM's log-probs of what it sampled are the actor's.
     # With asynchronous rollouts the engines are one update behind by design.
     drift = [m["logprob_diff"] for m in metrics[1:]]
-    if overrides.get("training.asyncQueueSize"):
+    lag = overrides.get("training.asyncQueueSize", 0)  # every token of a step's samples at most this many updates old
+    assert max(m["rollout/staleness_max"] for m in metrics) == lag, metrics
+    if lag:
         assert min(drift) > 1e-4, drift
         assert all("rollout_correction_clipped_fraction" in m for m in metrics)
     else:

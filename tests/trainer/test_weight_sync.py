@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
+from e2e.fixtures import wait_for
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
@@ -146,7 +147,7 @@ def test_vllm_serves_the_updated_actor(placed, tiny_model, local_ray, tmp_path):
     served = before[0]
     for sync in range(2):  # the second reuses the routes' groups and store keys
         _update(actor, tokenizer, prompt_ids, served)
-        sync_weights(weight_sync, dtype="float32")
+        sync_weights(weight_sync, dtype="float32", version=sync + 1)
         ray.get(actor.call("save_pretrained", str(tmp_path / f"updated-{sync}")))
         expected = _hf_greedy(tmp_path / f"updated-{sync}", prompt_ids)
         assert expected != served, "the update should change the greedy output (else this test proves nothing)"
@@ -160,5 +161,52 @@ def test_vllm_serves_the_updated_actor(placed, tiny_model, local_ray, tmp_path):
                 torch.testing.assert_close(engine_log_probs, hf_log_probs, rtol=0, atol=1e-4)
         served = expected
     for worker in actor.workers + engines:  # the other placement's case needs the memory
+        ray.kill(worker)
+    remove_placement_group(group)
+
+
+def test_a_partial_rollout_takes_the_new_weights_mid_sample_and_loses_no_token(tiny_model, local_ray, tmp_path):
+    """rollout.partial: a sync sent while the engine samples pauses it where it stands. Each sample keeps
+    the tokens it had and goes on with the new weights from there: every token is the greedy choice of the
+    policy its version names, on the sample's own prefix, with that policy's log-prob (Hugging Face's of
+    the initial and of the updated actor). A token lost or repeated at the pause would put every later one
+    on another prefix than the sample's."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt_ids = [_chat_ids(tokenizer, p) for p in PROMPTS[:3]]
+    placement = Placement(use_gpu=False, bundles=2, ranks={"actor": [0], "rollout": [1]}, engine_width=1)
+    group = create_placement_group(placement)
+    actor = ModelGroup("actor", group, placement)
+    training = TrainingSpec(bf16=False, learning_rate=0.05, lr_warmup_ratio=0, lr_scheduler="constant",
+                            train_batch_size=4, micro_train_batch_size=2, micro_rollout_batch_size=4)
+    [engine] = create_rollout_engines(group, placement, str(tiny_model), rollout=RolloutSpec(), dtype="float32",
+                                      max_model_len=256, seed=0)
+    ray.get(actor.setup(ModelConfig(role="actor", path=str(tiny_model), model=ModelSpec(path=str(tiny_model),
+                                    dtype="float32"), training=training, optimizer_steps=1)))
+    weight_sync = setup_weight_sync(actor, [engine], placement, bucket_bytes=BUCKET_BYTES)
+    _update(actor, tokenizer, prompt_ids + prompt_ids[:1], _hf_greedy(tiny_model, prompt_ids + prompt_ids[:1]))
+    ray.get(actor.call("save_pretrained", str(tmp_path / "updated")))  # the engine still has the initial weights
+
+    long = {"n": 1, "temperature": 0.0, "max_tokens": 192, "ignore_eos": True}
+    rollout = engine.generate.remote(prompt_ids, long)
+    wait_for(lambda: (tokens := ray.get(engine.in_flight_tokens.remote())) and min(tokens) > 0, 120,
+             "every sample's first token", interval=0.01, max_interval=0.05)
+    sync_weights(weight_sync, dtype="float32", version=1, partial=True)
+    completions, _ = ray.get(rollout)
+
+    models = {version: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+              for version, path in ((0, tiny_model), (1, tmp_path / "updated"))}
+    for ids, [sample] in zip(prompt_ids, completions):
+        assert len(sample.token_ids) == len(sample.log_probs) == len(sample.versions) == long["max_tokens"]
+        paused_at = sample.versions.index(1)
+        assert 0 < paused_at and sample.versions == [0] * paused_at + [1] * (len(sample.versions) - paused_at)
+        sequence = torch.tensor([ids + sample.token_ids])
+        for version, model in models.items():
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(sequence).logits[0, len(ids) - 1:-1], -1)
+            rows = [i for i, v in enumerate(sample.versions) if v == version]
+            chosen = log_probs[rows].gather(1, torch.tensor(sample.token_ids)[rows, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(sample.log_probs)[rows], chosen, rtol=0, atol=1e-4)
+            assert (chosen >= log_probs[rows].max(-1).values - 1e-4).all(), f"version {version}: not its greedy token"
+    for worker in actor.workers + [engine]:
         ray.kill(worker)
     remove_placement_group(group)

@@ -57,6 +57,17 @@ class Rollout:
                        RewardResult(total, by_source, task), sum(p.seconds for p in parts), sum(p.tokens for p in parts))
 
 
+def staleness(samples: list[Completion], policy: int) -> dict[str, float]:
+    """How far the samples' tokens lag the policy being trained (version `policy`, the weight syncs before
+    it): the oldest token's lag (training.asyncQueueSize bounds it), and the share of samples whose tokens
+    come from more than one policy (rollout.partial). Nothing for samples no engine stamped."""
+    versions = [sample.versions for sample in samples if sample.versions]
+    if not versions:
+        return {}
+    return {"rollout/staleness_max": float(policy - min(v[0] for v in versions)),
+            "rollout/partial_fraction": sum(v[0] != v[-1] for v in versions) / len(versions)}
+
+
 def shape_rewards(result: RewardResult, samples: list[Completion], spec: RLHFJobSpec) -> RewardResult:
     """The reward sources' result with the environment's episode reward added (times rewardWeight to
     the total, unweighted to the task's reward) and the length penalties (to the total), which

@@ -63,7 +63,7 @@ from .experience import Experience
 from .losses import masked_mean
 from .loop import RunLoop
 from .rewards import RewardResult, build_reward
-from .sampling import Rollout, fill_batch, informative_groups, shape_rewards
+from .sampling import Rollout, fill_batch, informative_groups, shape_rewards, staleness
 from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_weight_sync, sync_weights
@@ -197,7 +197,7 @@ class Trainer(RunLoop):
             self._engines_sleep(level=2)  # the weights too: the sync after training replaces them
             with self.timer.phase("experience"):
                 experience, rollout_metrics = self._make_experience(rollout)
-            metrics.update(rollout_metrics)
+            metrics.update(rollout_metrics | staleness(rollout.samples, policy=step - 1))
             if self.spec.algorithm in NEEDS_REWARD:  # distill learns from its teacher, whatever the rewards
                 metrics[learning_signal.METRIC] = self.signal.observe(rollout.reward.total, current.samples_per_prompt)
             metrics["rollout_seconds"] = time.perf_counter() - started
@@ -207,7 +207,7 @@ class Trainer(RunLoop):
             with self.timer.phase("update"):
                 metrics.update(self._train(experience))
             with self.timer.phase("weight_sync"):
-                self._wake_and_sync()
+                self._wake_and_sync(step)
             metrics["update_seconds"] = time.perf_counter() - started
             if self.evaluation and self.evaluation.due(step, self.total_steps):
                 with self.timer.phase("evaluation", split=False):
@@ -281,14 +281,14 @@ class Trainer(RunLoop):
         if self._hybrid:
             ray.get([engine.wake_up.remote(tags) for engine in self.engines])
 
-    def _wake_and_sync(self) -> None:
+    def _wake_and_sync(self, version: int) -> None:
         """The actor's new weights to the engines. The hybrid engine wakes in the memory plan's order: the
         models' cached blocks handed back, vLLM's weights allocated and synced, then its KV cache (woken
         first, the cache would claim its share of a GPU still holding the passes' blocks)."""
         if self._hybrid:
             ray.get([ref for group in self.groups.values() for ref in group.call("release_memory")])
             self._engines_wake(["weights"])
-        self._sync_weights()
+        self._sync_weights(version)
         self._engines_wake(["kv_cache"])
 
     # -- 2-5. experience -------------------------------------------------------------------------
@@ -452,17 +452,19 @@ class Trainer(RunLoop):
 
     # -- 7. weight sync ---------------------------------------------------------------------------
 
-    def _sync_weights(self) -> None:
-        if self.runner:
+    def _sync_weights(self, version: int) -> None:
+        """The actor's weights after `version` steps to the engines."""
+        partial = self.spec.rollout.partial
+        if self.runner and not partial:
             # The runner sends an episode's turns to the engines one by one: idle engines may be between
             # two turns of a queued episode (asyncQueueSize), which must not straddle the update. Its
             # episodes queued before this sync finish first, as an engine's queued rollouts do.
             ray.get(self.runner.ready.remote())
-        sync_weights(self.weight_sync, dtype=self.spec.models.actor.dtype)
+        sync_weights(self.weight_sync, dtype=self.spec.models.actor.dtype, version=version, partial=partial)
 
     def _resume(self) -> bool:
         """RunLoop's resume, then the checkpoint's actor weights to the engines (they load the initial ones)."""
         resumed = super()._resume()
         if resumed:
-            self._sync_weights()
+            self._sync_weights(self.step)
         return resumed

@@ -102,6 +102,9 @@ class RLHFJobSpec(APIModel):
         ("self.training.colocation != 'all' || self.resources.gpusPerNode == 0 || self.rollout.engines * self.rollout.tensorParallelSize <= self.resources.nodes * self.resources.gpusPerNode",
          "with colocation all, the vLLM engines share the GPUs: engines * tensorParallelSize must fit in nodes * gpusPerNode",
          ".rollout.engines"),
+        ("!has(self.rollout.partial) || !self.rollout.partial || self.training.asyncQueueSize > 0",
+         "partial rollouts pause rollouts that run ahead of training: set training.asyncQueueSize to 1 or more, "
+         "or remove rollout.partial", ".rollout.partial"),
         ("self.resources.gpusPerNode == 0 || self.rollout.tensorParallelSize <= self.resources.gpusPerNode",
          "a vLLM engine runs within one node: tensorParallelSize must not exceed gpusPerNode", ".rollout.tensorParallelSize"),
         ("has(self.reward) == has(oldSelf.reward) && has(self.models.critic) == has(oldSelf.models.critic)",

@@ -60,6 +60,8 @@ class RolloutSpec(APIModel):
     """Disable CUDA graphs (slower decoding, faster start, less memory)."""
     enable_prefix_caching: bool = True
     """Reuse KV cache across samples of one prompt."""
+    partial: bool = False
+    """Partial rollouts (needs training.asyncQueueSize > 0): each weight sync pauses the engines where they stand instead of waiting for the rollouts sent before it; the samples in flight keep their tokens and go on with the new weights, so generation never waits for an update and no sample is thrown away. A sample may then mix tokens of two policies: each token's log-prob is its own policy's, which training.rolloutCorrectionCap weighs per token (the metrics rollout/staleness_max and rollout/partial_fraction show how much)."""
     weight_sync_bucket_mib: int = Field(256, ge=1, le=16384)
     """MiB of weights per transfer to the vLLM engines after each update: the actor gathers its weights
     and sends them flattened into buckets of this size, one gather and one broadcast (or same-GPU

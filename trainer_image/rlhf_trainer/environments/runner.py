@@ -30,6 +30,7 @@ class Episode:
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     policy_mask: list[bool] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # of the policy's tokens, see Completion.versions
     reward: float = 0.0
     turns: int = 0
     truncated: bool = False
@@ -53,11 +54,13 @@ class Episode:
         self.token_ids += turn.token_ids
         self.log_probs += turn.log_probs
         self.policy_mask += [True] * len(turn.token_ids)
+        self.versions += turn.versions or []
         self.turns += 1
         self.truncated = turn.truncated
 
     def completion(self) -> Completion:
-        return Completion(self.token_ids, self.log_probs, self.truncated, self.policy_mask, self.reward, self.turns)
+        return Completion(self.token_ids, self.log_probs, self.truncated, self.policy_mask, self.reward, self.turns,
+                          self.versions or None)
 
 
 class EpisodeRunner:

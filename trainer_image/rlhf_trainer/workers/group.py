@@ -36,7 +36,7 @@ from ..experience import Experience
 from .engine import ModelConfig
 from .model_worker import ModelWorker
 from . import threads
-from .rollout import RolloutEngine, engine_env
+from .rollout import CONCURRENCY_GROUPS, RolloutEngine, engine_env
 
 ROLLOUT = "rollout"
 
@@ -319,7 +319,7 @@ def mean_metrics(refs: list[ray.ObjectRef]) -> dict[str, float]:
 def create_rollout_engines(group: PlacementGroup, placement: Placement, model_path: str, **engine_options) -> list:
     """One RolloutEngine actor per engine, on its first bundle (a tensor-parallel engine's workers run
     beside it, on its other bundles' devices); engine i is seeded seed + i."""
-    engine, seed = ray.remote(RolloutEngine), engine_options.pop("seed")
+    engine, seed = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(RolloutEngine), engine_options.pop("seed")
     return [engine.options(**_on_bundle(group, placement, first, runtime_env={
                 "env_vars": _engine_env(group, placement, first)})).remote(
                 model_path, use_gpu=placement.use_gpu, seed=seed + index, **engine_options)

