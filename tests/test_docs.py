@@ -94,7 +94,8 @@ def test_runnable_shell_blocks_run():
 
 
 # Calls whose argument at that position is a status or Event reason, by the called name.
-REASON_ARGUMENT = {"Observation": 1, "wait": 1, "fail": 1, "Unrealisable": 0, "Waiting": 0, "CodeConfigMap": 1}
+REASON_ARGUMENT = {"Observation": 1, "wait": 1, "fail": 1, "Unrealisable": 0, "Waiting": 0, "CodeConfigMap": 1,
+                   "_input_failed": 0}
 REASON_SOURCES = [*sorted((ROOT / "operator/rlhf_operator").glob("*.py")), ROOT / "operator/rlhf_api/v1alpha1/job.py"]
 
 

@@ -135,6 +135,7 @@ def custom_resource_definition() -> dict[str, Any]:
                     "type": "object",
                     "description": api.RLHFJob.__doc__,
                     "required": ["spec"],
+                    CEL: api.OBJECT_RULES,
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

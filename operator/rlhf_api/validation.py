@@ -156,6 +156,8 @@ def validate(obj: dict[str, Any]) -> api.RLHFJob:
         raise InvalidJob(_schema_errors(error)) from None
     spec = job.spec.model_dump(by_alias=True, exclude_none=True)
     errors = cel_errors(_spec_schema(), spec, "spec")
+    name = (obj.get("metadata") or {}).get("name")
+    errors += cel_errors({CEL: api.OBJECT_RULES}, {"metadata": {"name": name} if name else {}, "spec": spec}, "")
     if errors:
         raise InvalidJob(errors)
     return job

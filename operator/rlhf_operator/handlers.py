@@ -10,7 +10,8 @@
 - Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
 - Every event of a pod of our Ray clusters: its running time in the job's status.usage (usage.py).
-- Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once).
+- Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once); and the jobs
+  Waiting for that job's model (models.<role>.fromJob) reconciled when its phase moved or it went.
 
 Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
 our RayJobs, and the pods of our Ray clusters that show a problem. A new job's RayJob is not in
@@ -29,7 +30,7 @@ from typing import Any
 
 import kopf
 
-from . import lifecycle, metrics, pods, reconcile, resync, usage
+from . import inputs, lifecycle, metrics, pods, reconcile, resync, usage
 from . import settings as operator_settings
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
@@ -146,3 +147,13 @@ async def count_job(type: str | None, uid: str, namespace: str, name: str, statu
     else:
         metrics.JOBS.seen(uid, namespace, name, status)
     resync.start(memo.resync_seconds, Watched(kwargs))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def start_dependents(type: str | None, namespace: str, name: str, uid: str, status: kopf.Status,
+                     **kwargs: Any) -> None:
+    phase = None if type == "DELETED" else status.get("phase")
+    for dependent in inputs.waiting_for(kwargs["rlhf_jobs"], namespace, name, uid, phase):
+        with metrics.measured("input-event"):
+            # Read from the API server: the index may not have taken this very event in yet.
+            reconcile.resync(namespace, dependent["metadata"]["name"], dependent["metadata"]["uid"], reconcile.API)

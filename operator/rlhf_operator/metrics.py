@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 import kopf
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
@@ -18,8 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rlhf_api import contract
+from rlhf_api.v1alpha1 import Phase
 
-PHASES = ("Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended")
+PHASES = get_args(Phase)
 JOB_PHASE = "rlhf_job_phase"
 JOB_PHASE_ENTERED = "rlhf_job_phase_entered_timestamp_seconds"
 JOB_GPU_SECONDS = "rlhf_job_gpu_seconds"  # a counter: exposed as rlhf_job_gpu_seconds_total

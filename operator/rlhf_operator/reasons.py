@@ -14,6 +14,23 @@ from . import pods
 
 # reason: (phase it comes with, what it means, what to do)
 REASONS: dict[str, tuple[str, str, str]] = {
+    "WaitingForJob": ("Waiting", "a model of the job is another job's (models.<role>.fromJob) and that job has not "
+                      "Succeeded yet; the message names each input and its phase; nothing is created meanwhile",
+                      "wait: the job starts when its inputs succeed (`rlhf status JOB` shows them)"),
+    "InputJobNotFound": ("Failed", "an input job (models.<role>.fromJob) did not exist 10 minutes after this "
+                         "job's creation", "create it or fix the name, then re-create this job"),
+    "InputJobFailed": ("Failed", "an input job failed; the message quotes its reason", "fix and re-run the "
+                       "input job, then re-create this one"),
+    "InputJobDeleted": ("Failed", "an input job was deleted (or re-created) before it succeeded",
+                        "re-create the input job, then this one"),
+    "InputHasNoModel": ("Failed", "the input job succeeded without a model another job can load (no "
+                        "checkpoint.pvc, exportHf false, or LoRA adapters not exported merged)",
+                        "re-run the input with what the message names"),
+    "InputModelMismatch": ("Failed", "the input exports another kind of model than the role loads (an rm job's "
+                           "reward model as an actor), or no best checkpoint for fromJob.model: best",
+                           "point fromJob at a job of the right algorithm, or ask for model: final"),
+    "InputCycle": ("Failed", "the job's inputs name each other's models in a cycle: none could ever start",
+                   "make one of the jobs start from a path"),
     "RayJobCreated": ("Pending", "the RayJob exists; KubeRay has not started the Ray cluster yet",
                       "wait; if it stays, check KubeRay's operator log"),
     "Resuming": ("Pending", "spec.suspend went back to false: KubeRay is starting a new Ray cluster",

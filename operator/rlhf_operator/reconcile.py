@@ -17,15 +17,17 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from rlhf_api import pipeline
 from rlhf_api import v1alpha1 as api
 from rlhf_api.validation import InvalidJob, validate
 
-from . import checks, kube, kueue, lifecycle, names, pods, render, status, usage
+from . import checks, inputs, kube, kueue, lifecycle, names, pods, render, status, usage
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +189,8 @@ def record(body: Any, observation: status.Observation, generation: int | None,
     client = kube.client()
     meta = body["metadata"]
     for _ in range(STATUS_WRITE_ATTEMPTS):
+        if observation.phase == "Succeeded":  # (observe_again's too)
+            observation = replace(observation, output_model=_output_model(body))
         current = dict(body.get("status") or {})
         desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
         patch = status.changes(current, desired)
@@ -227,6 +231,19 @@ def record(body: Any, observation: status.Observation, generation: int | None,
     raise kopf.TemporaryError("the RLHFJob kept changing while its status was written", delay=1)
 
 
+def _output_model(body: Any) -> dict[str, Any] | None:
+    """status.outputModel of a job that succeeded: where a later job's fromJob finds its model."""
+    try:
+        spec = _validated_job(body).spec
+    except InvalidJob:
+        return None
+    current = body.get("status") or {}
+    evaluation = (current.get("metrics") or {}).get("evaluation") or {}
+    output = pipeline.output_model(body["metadata"]["name"], spec, (current.get("progress") or {}).get("step"),
+                                   best="best/step" in evaluation)
+    return output.model_dump(by_alias=True, exclude_none=True) if output else None
+
+
 def fail(body: Any, reason: str, message: str) -> None:
     log.warning("RLHFJob %s/%s cannot run: %s", body["metadata"]["namespace"], body["metadata"]["name"], message)
     record(body, status.Observation("Failed", reason, message, warning=True), body["metadata"].get("generation"))
@@ -238,14 +255,19 @@ def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
     raise kopf.TemporaryError(message, delay=retry_seconds)
 
 
-def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API) -> None:
+def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API,
+           job_inputs: list[dict[str, Any]] | None = None) -> None:
     """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
     or its pods (starting). generation: the spec generation the RayJob was brought in line with.
     On a conflict the RayJob is read again too: a newer status may have been written from a newer copy.
-    Its pods' problems still come from `reads`: a pod watch is as fresh as a list of every pod."""
+    Its pods' problems still come from `reads`: a pod watch is as fresh as a list of every pod.
+    job_inputs: status.inputs as the RayJob was made from them (None: as they are)."""
     namespace, name = ray_job["metadata"]["namespace"], ray_job["metadata"]["name"]
-    record(body, _observation(body, ray_job, reads), generation,
-           lambda job: _observation(job, API.ray_job(namespace, name) or ray_job, reads))
+
+    def observe(job: Any, ray_job: dict[str, Any]) -> status.Observation:
+        return replace(_observation(job, ray_job, reads), inputs=job_inputs)
+
+    record(body, observe(body, ray_job), generation, lambda job: observe(job, API.ray_job(namespace, name) or ray_job))
 
 
 def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Observation:
@@ -354,6 +376,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
     if left is not None and left <= 0:  # before any child is created or patched: the job ends here
         stop_at_deadline(body, ray_job)
         return
+    job_inputs = None
     try:
         # Children are created before the RayJob, so while it exists they were made (one deleted out
         # of band since is made again with the RayJob, not on every reconcile).
@@ -361,6 +384,11 @@ def reconcile(body: Any, reads: Reads = API) -> None:
             if body.get("status") and not _is_live(API.job(namespace, meta["name"]), meta["uid"]):
                 return  # a lagging copy of a job deleted since: nothing is made for it (the index keeps
                 # such ghosts, see resync; the garbage collector would delete what was made, after the fact)
+            resolved = inputs.resolve(job, (body.get("status") or {}).get("inputs") or [], reads, _age_seconds(meta))
+            if isinstance(resolved, status.Observation):  # waiting for its input jobs, or failed by one
+                record(body, resolved, meta.get("generation"))
+                return
+            job, job_inputs = resolved
             checks.check(job, lambda name: kube.exists("ConfigMap", namespace, name),
                          lambda name: client.get("PersistentVolumeClaim", namespace, name), waited=_age_seconds(meta))
             for child in render.supporting_children(job):
@@ -378,7 +406,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
     if job.spec.queue_name:
         _align_workload(client, job.spec, ray_job)
-    mirror(body, ray_job, meta.get("generation"), reads)
+    mirror(body, ray_job, meta.get("generation"), reads, job_inputs)
 
 
 def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ from rlhf_api import contract
 TERMINAL = ("Succeeded", "Failed")
 CONDITION_TYPES = ("Ready", "Running", "Succeeded", "Failed", "Suspended")
 TRUE_CONDITIONS = {
+    "Waiting": (),  # for its input jobs (inputs.py): nothing made yet
     "Pending": (),
     "Provisioning": (),
     "Running": ("Ready", "Running"),
@@ -60,7 +61,7 @@ TRUE_CONDITIONS = {
 # The status fields the operator writes; everything else in status belongs to the trainer.
 OWNED_FIELDS = (
     "phase", "reason", "message", "conditions", "observedGeneration", "rayJobName", "rayClusterName",
-    "dashboardURL", "startTime", "completionTime", "keptCluster",
+    "dashboardURL", "startTime", "completionTime", "keptCluster", "inputs", "outputModel",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the Events API refuses longer messages
@@ -84,6 +85,8 @@ class Observation:
     finished_at: str | None = None  # KubeRay's endTime
     warning: bool = False  # its Event is a Warning: something a human has to look at
     kept_cluster: dict[str, Any] | None = None  # status.keptCluster: a failed run's cluster kept for debugging
+    inputs: list[dict[str, Any]] | None = None  # status.inputs (inputs.py); None: as they were
+    output_model: dict[str, Any] | None = None  # status.outputModel, with Succeeded
 
     def with_pod_problem(self, problem: tuple[str, str] | None) -> Observation:
         """While the cluster starts, a pod's reason for not running (e.g. Unschedulable) is the job's."""
@@ -251,6 +254,8 @@ def next_status(current: dict[str, Any], obs: Observation, now: str, generation:
         "startTime": started,
         "completionTime": completed,
         "keptCluster": obs.kept_cluster,
+        "inputs": obs.inputs if obs.inputs is not None else current.get("inputs"),
+        "outputModel": obs.output_model,
     }
 
 

@@ -117,7 +117,7 @@ def test_jobs_by_phase_counts_each_job_once():
     jobs.gone("c")
     family = next(jobs.collect())
     counts = {s.labels["phase"]: s.value for s in family.samples}
-    assert counts == {"Pending": 0, "Provisioning": 0, "Running": 2, "Succeeded": 0, "Failed": 0, "Suspended": 0}
+    assert counts == {"Waiting": 0, "Pending": 0, "Provisioning": 0, "Running": 2, "Succeeded": 0, "Failed": 0, "Suspended": 0}
 
 
 def test_handler_errors_are_counted_by_kind_and_still_raised():

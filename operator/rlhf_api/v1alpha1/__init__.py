@@ -8,7 +8,7 @@ the API server, `rlhf validate` and the trainer enforce exactly the same rules.
 from __future__ import annotations
 
 from .base import APIModel, API_VERSION, DateTime, GROUP, KIND, PLURAL, Passthrough, Quantity, VERSION, cel, immutable, section
-from .models import LoRASpec, ModelSpec, ModelsSpec, PVCSource
+from .models import JobModelRef, LoRASpec, ModelSpec, ModelsSpec, PVCSource
 from .reward import FunctionReward, HTTPReward, RewardSource, RewardSpec, SecretKeyRef
 from .data import DataSpec, DatasetSource, DatasetSpec
 from .shaping import DynamicSamplingSpec, LengthShapingSpec
@@ -17,8 +17,9 @@ from .evaluation import EvalDataset, EvaluationSpec
 from .training import DistillationSpec, KLSpec, PreferenceSpec, RejectionSamplingSpec, RolloutSpec, TrainingSpec
 from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
-from .job import (Algorithm, AttemptUsage, CheckpointStatus, Condition, KeepFailedCluster, KeptCluster, Metrics, Phase,
-                  PodUsage, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus, Usage)
+from .job import (OBJECT_RULES, Algorithm, AttemptUsage, CheckpointStatus, Condition, JobInput, KeepFailedCluster,
+                  KeptCluster, Metrics, OutputModel, Phase, PodUsage, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus,
+                  Usage)
 
 __all__ = [
     "APIModel",
@@ -33,10 +34,14 @@ __all__ = [
     "cel",
     "immutable",
     "section",
+    "JobModelRef",
     "LoRASpec",
     "ModelSpec",
     "ModelsSpec",
     "PVCSource",
+    "OBJECT_RULES",
+    "JobInput",
+    "OutputModel",
     "FunctionReward",
     "HTTPReward",
     "RewardSource",

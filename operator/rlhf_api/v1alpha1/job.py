@@ -51,6 +51,16 @@ class CodeConfigMap(NamedTuple):
     mount_dir: str
 
 
+# Rules on the whole object: the only level whose CEL sees metadata.name (crd.py puts them at the root).
+OBJECT_RULES = [
+    {"rule": f"!has(self.spec.models.{role}) || !has(self.spec.models.{role}.fromJob) || "
+             f"!has(self.metadata.name) || self.spec.models.{role}.fromJob.name != self.metadata.name",
+     "message": f"models.{role}.fromJob names this job itself: name the job whose model this one starts from",
+     "fieldPath": f".spec.models.{role}.fromJob.name"}
+    for role in ModelsSpec.model_fields
+]
+
+
 class RLHFJobSpec(APIModel):
     """An RLHF or RL post-training run."""
 
@@ -191,7 +201,7 @@ class RLHFJobSpec(APIModel):
 
 # ----------------------------------------------------------------------------------------- status
 
-Phase = Literal["Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended"]
+Phase = Literal["Waiting", "Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended"]
 
 
 class Condition(APIModel):
@@ -326,11 +336,41 @@ class Usage(APIModel):
     """Per attempt, oldest first."""
 
 
+class OutputModel(APIModel):
+    """Where the model a finished job exported is, for the jobs that name it (models.<role>.fromJob)."""
+
+    claim_name: str
+    """The PersistentVolumeClaim it is on (the job's spec.checkpoint.pvc)."""
+    sub_path: str
+    """The job's directory on that claim (its name)."""
+    final: str
+    """The final model, relative to subPath (final, or final/merged for a LoRA actor exported merged)."""
+    best: str | None = None
+    """The best evaluated checkpoint, relative to subPath (spec.evaluation.bestMetric), when the job kept one."""
+    kind: Literal["policy", "reward"]
+    """policy: a causal LM (for an actor, reference or teacher); reward: a sequence classifier (an rm job's, for models.reward or models.critic)."""
+    step: int | None = None
+    """The step it was exported at."""
+
+
+class JobInput(APIModel):
+    """A job this one starts from (models.<role>.fromJob), as last seen."""
+
+    role: str
+    """The model it gives: actor, critic, reference, reward or teacher."""
+    name: str
+    """The RLHFJob's name."""
+    uid: str | None = None
+    """Its uid once seen: a job deleted after that fails this one (one re-created under the name is another)."""
+    phase: str | None = None
+    """Its phase when last seen."""
+
+
 class RLHFJobStatus(APIModel):
     """Observed state, written by the operator (phase, conditions, children) and the trainer (progress, metrics)."""
 
     phase: Phase | None = None
-    """Pending, Provisioning, Running, Succeeded, Failed or Suspended."""
+    """Waiting (for an input job: models.<role>.fromJob), Pending, Provisioning, Running, Succeeded, Failed or Suspended."""
     reason: str | None = None
     """Reason of the current phase (CamelCase)."""
     message: str | None = None
@@ -360,6 +400,10 @@ class RLHFJobStatus(APIModel):
     """The failed run's Ray cluster, kept for debugging (spec.keepFailedCluster)."""
     usage: Usage | None = None
     """GPU- and CPU-seconds held by the job's Ray cluster pods, per attempt and in total (written by the operator)."""
+    inputs: list[JobInput] | None = None
+    """The jobs whose models this one starts from (models.<role>.fromJob): its lineage."""
+    output_model: OutputModel | None = None
+    """The model this job exported, once Succeeded: what models.<role>.fromJob of a later job loads."""
 
 
 class RLHFJob(APIModel):

@@ -41,11 +41,28 @@ class PVCSource(APIModel):
     """Directory inside the volume that holds the model."""
 
 
+class JobModelRef(APIModel):
+    """The model another RLHFJob of this namespace exported: a pipeline's previous stage (its status.outputModel)."""
+
+    name: ObjectName
+    """Name of the RLHFJob, in this job's namespace. This job waits (phase Waiting) until that one has Succeeded, and fails if it fails or is deleted."""
+    model: Literal["final", "best"] = "final"
+    """final: the model it exported at its end (checkpoint.exportHf); best: its best evaluated checkpoint (spec.evaluation.bestMetric)."""
+
+
 class ModelSpec(APIModel):
     """A Hugging Face causal LM (actor, reference) or a model with a scalar head (critic, reward)."""
 
-    path: str = Field(min_length=1, max_length=1024)
-    """Hugging Face model id (org/name), or a path inside the container. With pvc set, the path is relative to the volume."""
+    model_config = cel(
+        ("has(self.path) != has(self.fromJob)", "set either path or fromJob (exactly one)"),
+        ("!has(self.fromJob) || (!has(self.pvc) && !has(self.revision))",
+         "fromJob loads the model from the other job's checkpoint claim: remove pvc and revision", ".fromJob"),
+    )
+
+    path: str | None = Field(None, min_length=1, max_length=1024)
+    """Hugging Face model id (org/name), or a path inside the container. With pvc set, the path is relative to the volume. Or set fromJob instead."""
+    from_job: JobModelRef | None = None
+    """The model another RLHFJob exported, instead of path: one stage of a pipeline feeding the next (an sft job's policy for a dpo or ppo actor, an rm job's reward model for models.reward)."""
     revision: str | None = Field(None, max_length=128)
     """Hub revision (branch, tag or commit) for a Hugging Face id."""
     pvc: PVCSource | None = None
