@@ -157,7 +157,8 @@ def validate(obj: dict[str, Any]) -> api.RLHFJob:
     spec = job.spec.model_dump(by_alias=True, exclude_none=True)
     errors = cel_errors(_spec_schema(), spec, "spec")
     name = (obj.get("metadata") or {}).get("name")
-    errors += cel_errors({CEL: api.OBJECT_RULES}, {"metadata": {"name": name} if name else {}, "spec": spec}, "")
+    whole = {"metadata": {"name": name} if name else {}, "spec": spec}
+    errors += [FieldError(e.path.lstrip("."), e.message) for e in cel_errors({CEL: api.OBJECT_RULES}, whole, "")]
     if errors:
         raise InvalidJob(errors)
     return job

@@ -100,9 +100,9 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rlhf_trainer.run import run  # the trainer stack only when asked
+    from rlhf_trainer.run import run_pipeline  # the trainer stack only when asked
 
-    return run(args.file, output_dir=args.output_dir, address=args.address, num_cpus=args.num_cpus)
+    return run_pipeline(args.files, output_dir=args.output_dir, address=args.address, num_cpus=args.num_cpus)
 
 
 def operator_options(args: argparse.Namespace):
@@ -230,8 +230,10 @@ def parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run an RLHFJob on Ray: a private local instance (CPU or local GPUs), or the cluster in RAY_ADDRESS",
         description="Exit status 0 when the run finished, 1 when it failed, 2 when the job file is invalid.")
-    run.add_argument("file", metavar="FILE", help="RLHFJob YAML file; relative paths in it are relative to it")
-    run.add_argument("--output-dir", help="the base of a relative checkpoint.path, under which the run writes its checkpoints, final model and logs/ (metrics.jsonl, tensorboard/); default: runs/<job name>")
+    run.add_argument("files", nargs="+", metavar="FILE", help="RLHFJob YAML file; relative paths in it are relative to it. "
+                     "Several files, or a directory of them: a pipeline, each job run after the jobs whose models it "
+                     "names (models.<role>.fromJob)")
+    run.add_argument("--output-dir", help="the base of a relative checkpoint.path, under which the run writes its checkpoints, final model and logs/ (metrics.jsonl, tensorboard/); default: runs/<job name>; with several jobs, each under <output-dir>/<job name>")
     run.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else start a local instance)")
     run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
     run.set_defaults(func=cmd_run)

@@ -4,7 +4,7 @@ A job whose inputs have not all Succeeded is Waiting (reason WaitingForJob) and 
 ConfigMap, no RayJob, so no Kueue Workload and no quota. handlers.start_dependents reconciles it
 when an input finishes or goes (watch events, no polling of its own; the resync is the safety net).
 Once every input has Succeeded, its models are the inputs' status.outputModel, mounted read-only
-from their checkpoint claims (rlhf_api.pipeline.resolved). A failed input, one deleted after it was
+from their checkpoint claims (rlhf_api.pipeline.on_claims). A failed input, one deleted after it was
 seen, one that exports no model of the kind the role loads, or inputs that name each other in a
 cycle fail the job with a reason that names them; an input never created fails it after
 checks.DEPENDENCY_WAIT_SECONDS (a typo), as a missing ConfigMap does.
@@ -67,7 +67,7 @@ def resolve(job: api.RLHFJob, seen: list[dict[str, Any]], reads: JobReads,
                 return _input_failed("InputHasNoModel", f"RLHFJob {ref.name} (models.{role}.fromJob) succeeded but "
                                f"exported no model another job can load: {why}", found_inputs)
             outputs[role] = api.OutputModel.model_validate(output)
-            if (wrong := pipeline.problem(role, ref, outputs[role])) is not None:
+            if (wrong := pipeline.problem(role, ref, outputs[role].kind, outputs[role].best is not None)) is not None:
                 return _input_failed("InputModelMismatch", wrong, found_inputs)
         else:
             progress = (status.get("progress") or {}).get("summary")
@@ -76,7 +76,7 @@ def resolve(job: api.RLHFJob, seen: list[dict[str, Any]], reads: JobReads,
     if waiting:
         return Observation("Waiting", "WaitingForJob", "waiting for its input jobs to succeed: " + "; ".join(waiting),
                            inputs=found_inputs)
-    resolved = pipeline.resolved(job.spec, outputs).model_dump(by_alias=True, exclude_none=True)
+    resolved = pipeline.on_claims(job.spec, outputs).model_dump(by_alias=True, exclude_none=True)
     return api.RLHFJob.model_validate({**job.model_dump(by_alias=True), "spec": resolved}), found_inputs
 
 

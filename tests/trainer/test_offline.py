@@ -6,6 +6,7 @@ often than chance."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from rlhf_api.v1alpha1 import DataSpec, DatasetSpec
 from rlhf_trainer.losses import masked_sum, token_log_probs
 from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.reporting import JsonlWriter
-from rlhf_trainer.run import run
+from rlhf_trainer.run import EXIT_INVALID, run, run_pipeline
 from rlhf_trainer.tiny import TOY_LETTERS, toy_prompts
 from rlhf_trainer.workers.engine import position_ids
 
@@ -212,3 +213,46 @@ def test_offline_run_resumes_from_its_checkpoint(tiny_model, local_ray, tmp_path
     metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     assert [m["step"] for m in metrics] == [4, 5]
     assert metrics[0]["epoch"] == pytest.approx(2.0)  # 2 batches of 16 per epoch: step 4 ends the second epoch
+
+
+def _stage(job_file: Path, name: str, **actor) -> dict:
+    job = yaml.safe_load(job_file.read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["models"]["actor"] = {**job["spec"]["models"]["actor"], **actor}
+    return job
+
+
+def test_a_pipeline_s_stage_starts_from_the_model_of_the_stage_it_names(tiny_model, local_ray, tmp_path, capsys):
+    """`rlhf run DIR`: the stages run in dependency order whatever the files' order, and the second sft
+    starts from the first one's exported model (models.actor.fromJob): its first loss is about the first
+    stage's last, far below the base model's."""
+    job = _write_job(tmp_path, tiny_model, "sft", "sft", _sft_records(64), learningRate=5.0e-3, epochs=3, maxSteps=12)
+    stages = tmp_path / "pipeline"
+    stages.mkdir()
+    shutil.copy(tmp_path / "data.jsonl", stages)
+    second = _stage(job, "polish", fromJob={"name": "base-sft"})
+    del second["spec"]["models"]["actor"]["path"]
+    second["spec"]["training"]["maxSteps"] = 2
+    (stages / "a-polish.yaml").write_text(yaml.safe_dump(second))  # named first, runs second
+    (stages / "b-base-sft.yaml").write_text(yaml.safe_dump(_stage(job, "base-sft")))
+
+    assert run_pipeline([stages], output_dir=tmp_path / "out") == 0
+    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / "out" / name / "checkpoints" / "logs" /
+                                                          "metrics.jsonl").read_text().splitlines()]
+              for name in ("base-sft", "polish")}
+    with capsys.disabled():
+        print(f"\npipeline: loss per step {({name: [round(x, 3) for x in values] for name, values in losses.items()})}")
+    assert len(losses["base-sft"]) == 12 and len(losses["polish"]) == 2
+    assert losses["polish"][0] < 0.5 * losses["base-sft"][0], losses
+
+
+def test_a_pipeline_that_cannot_run_is_refused_before_anything_loads(tiny_model, tmp_path, capsys):
+    job = _write_job(tmp_path, tiny_model, "sft", "sft", _sft_records(8))
+    ping, pong = (_stage(job, name, fromJob={"name": other}) for name, other in (("ping", "pong"), ("pong", "ping")))
+    for stage in (ping, pong):
+        del stage["spec"]["models"]["actor"]["path"]
+        (tmp_path / f"{stage['metadata']['name']}.yaml").write_text(yaml.safe_dump(stage))
+    assert run_pipeline([tmp_path / "ping.yaml", tmp_path / "pong.yaml"]) == EXIT_INVALID
+    assert "in a cycle (ping <- pong <- ping)" in capsys.readouterr().err
+    assert run_pipeline([tmp_path / "ping.yaml"]) == EXIT_INVALID
+    assert "models.actor.fromJob names RLHFJob pong, which none of the files defines" in capsys.readouterr().err

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import yaml
 
-from rlhf_api import contract
+from rlhf_api import contract, pipeline
 from rlhf_api.algorithms import ALGORITHMS
-from rlhf_api.validation import InvalidJob, validate
+from rlhf_api.v1alpha1 import RLHFJob
+from rlhf_api.validation import FieldError, InvalidJob, validate
 
 from .loop import Interrupted
-from .paths import logs_dir
+from .paths import checkpoint_dir, logs_dir
 from .reporting import MultiReporter, Reporter, RunInfo, build_reporters
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -38,15 +39,78 @@ EXIT_INTERRUPTED = 128 + signal.SIGTERM
 WORKERS_TIMEOUT = 300  # seconds a joined cluster's workers get to register before the job is refused
 
 
-def run(job_file: str | Path, *, output_dir: str | Path | None = None, address: str | None = None,
-        num_cpus: int | None = None, reporters: list[Reporter] | None = None) -> int:
-    """Run the job in `job_file`; returns the exit status. output_dir defaults to runs/<job name>; the
-    run writes under checkpoint.path, relative to it (paths.checkpoint_dir, paths.logs_dir)."""
+def run_pipeline(paths: list[str | Path], *, output_dir: str | Path | None = None, **options) -> int:
+    """Run the jobs of several files (a directory: its *.yaml files), each after the jobs whose models it
+    names (models.<role>.fromJob), which it loads from their output directories: a pipeline, as the operator
+    runs one. Stops at the first stage that does not succeed, with its exit status. Each stage writes to
+    output_dir/<job name> (default runs/<job name>; one job alone: output_dir itself). options: run's."""
+    stages: dict[str, tuple[Path, RLHFJob]] = {}
+    for job_file in _job_files(paths):
+        try:
+            job = validate(yaml.safe_load(job_file.read_text()))
+        except InvalidJob as invalid:
+            print(f"{job_file}: {invalid}", file=sys.stderr)
+            return EXIT_INVALID
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            print(f"{job_file}: cannot read: {error}", file=sys.stderr)
+            return EXIT_INVALID
+        name = job.metadata.get("name", job_file.stem)
+        if name in stages:
+            print(f"{job_file}: RLHFJob {name} is also defined in {stages[name][0]}: name each job once", file=sys.stderr)
+            return EXIT_INVALID
+        stages[name] = (job_file, job)
+    try:
+        order = pipeline.in_order({name: job.spec for name, (_, job) in stages.items()})
+    except pipeline.Cycle as cycle:
+        print(f"rlhf run: {cycle}", file=sys.stderr)
+        return EXIT_INVALID
+    if len(order) == 1 and output_dir is not None:
+        return run(stages[order[0]][0], job=stages[order[0]][1], output_dir=output_dir, **options)
+    base = Path(output_dir or "runs")
+    for name in order:
+        job_file, job = stages[name]
+        models = {}
+        for role, ref in pipeline.inputs(job.spec).items():
+            if ref.name not in stages:
+                print(f"{job_file}: models.{role}.fromJob names RLHFJob {ref.name}, which none of the files defines: "
+                      "run the pipeline's files together (rlhf run FILE... or a directory)", file=sys.stderr)
+                return EXIT_INVALID
+            source = stages[ref.name][1].spec
+            problem = pipeline.unexported(source, on_a_claim=False) or pipeline.problem(
+                role, ref, pipeline.exported_kind(source), has_best=bool(source.evaluation and source.evaluation.best_metric))
+            if problem:
+                print(f"{job_file}: RLHFJob {ref.name}: {problem}", file=sys.stderr)
+                return EXIT_INVALID
+            models[role] = str(checkpoint_dir(source, base / ref.name) / pipeline.exported_dir(source, ref.model))
+        staged = job.model_copy(update={"spec": pipeline.at_paths(job.spec, models)})
+        code = run(job_file, job=staged, output_dir=base / name, **options)
+        if code != EXIT_OK:
+            return code
+    return EXIT_OK
+
+
+def _job_files(paths: list[str | Path]) -> list[Path]:
+    """The files named, a directory standing for its YAML files in name order (kubectl apply -f's)."""
+    files = []
+    for path in map(Path, paths):
+        files += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")) if path.is_dir() else [path]
+    return files
+
+
+def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | Path | None = None,
+        address: str | None = None, num_cpus: int | None = None, reporters: list[Reporter] | None = None) -> int:
+    """Run the job in `job_file` (or `job`, read from it already: relative paths in it are relative to the
+    file); returns the exit status. output_dir defaults to runs/<job name>; the run writes under
+    checkpoint.path, relative to it (paths.checkpoint_dir, paths.logs_dir)."""
     from .checks import check, check_cluster
 
     job_file = Path(job_file)
     try:
-        job = validate(yaml.safe_load(job_file.read_text()))
+        job = job or validate(yaml.safe_load(job_file.read_text()))
+        if inputs := pipeline.inputs(job.spec):
+            raise InvalidJob([FieldError(f"spec.models.{role}.fromJob", f"RLHFJob {ref.name}'s model: run the "
+                                         "pipeline's files together (rlhf run FILE... or a directory)")
+                              for role, ref in inputs.items()])
         placement = check(job.spec, job_file.parent)
     except InvalidJob as invalid:
         print(f"{job_file}: {invalid}", file=sys.stderr)
