@@ -33,7 +33,7 @@ from rlhf_api.validation import InvalidJob, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "rlhf.dev_rlhfjobs.yaml"
-EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (REPO / "manifests" / "examples").glob(pattern))
 SEED = int(os.environ.get("RLHF_FUZZ_SEED", "16"))
 SPECS = int(os.environ.get("RLHF_FUZZ_SPECS", "1000"))
 INT64_MAX = 2**63 - 1

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "rlhf.dev_rlhfjobs.yaml"
 INVALID = sorted(p for p in (REPO / "tests" / "specs" / "invalid").glob("*.yaml")
                  if not p.name.startswith("."))
-EXAMPLES = sorted(p for p in (REPO / "manifests" / "examples").glob("*.yaml")
+EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (REPO / "manifests" / "examples").glob(pattern)
                   if not p.name.startswith("."))
 GROUP, VERSION, PLURAL = "rlhf.dev", "v1alpha1", "rlhfjobs"
 

@@ -14,7 +14,7 @@ from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (ROOT / "manifests" / "examples").glob(pattern))
 INVALID = sorted((ROOT / "tests" / "specs" / "invalid").glob("*.yaml"))
 CRD_FILE = ROOT / "crds" / "rlhf.dev_rlhfjobs.yaml"
 DEFAULTS_POLICY_FILE = ROOT / "helm" / "rlhf-operator" / "files" / "algorithm-defaults-policy.yaml"

@@ -50,6 +50,24 @@ def test_status_shows_phase_progress_checkpoint_usage_and_metrics(control_plane,
     assert missing.returncode != 0 and f"no RLHFJob nosuchjob in namespace {namespace}" in missing.stderr
 
 
+def test_status_shows_a_pipeline_stage_s_lineage(control_plane, kube, namespace):
+    create_job(kube, namespace, rlhf_job("sft", checkpoint={"pvc": "stages"}))
+    dpo = rlhf_job("dpo", algorithm="dpo", models={"actor": {"fromJob": {"name": "sft"}}},
+                   data={"preferences": {"sources": [{"path": "org/pairs"}]}})
+    create_job(kube, namespace, dpo)
+    kube.patch(api.KIND, namespace, "sft", {"status": {"phase": "Succeeded", "outputModel": {
+        "claimName": "stages", "subPath": "sft", "final": "final", "kind": "policy", "step": 3}}}, subresource="status")
+    kube.patch(api.KIND, namespace, "dpo", {"status": {"phase": "Waiting", "inputs": [
+        {"role": "actor", "name": "sft", "uid": "u", "phase": "Succeeded"}]}}, subresource="status")
+
+    source = rlhf(control_plane, "status", "sft", "-n", namespace)
+    assert source.returncode == 0, source.stderr
+    assert "Output:     policy model on claim stages at sft/final" in source.stdout.splitlines()
+    assert "Used by:    RLHFJob dpo (models.actor, Waiting)" in source.stdout.splitlines()
+    stage = rlhf(control_plane, "status", "dpo", "-n", namespace)
+    assert "From:       models.actor <- RLHFJob sft (Succeeded), its final model" in stage.stdout.splitlines()
+
+
 def test_logs_asks_pods_log_for_the_trainer_pod(control_plane, kube, namespace, kwok_nodes):
     create_job(kube, namespace, rlhf_job("logged"))
     none_yet = rlhf(control_plane, "logs", "logged", "-n", namespace)

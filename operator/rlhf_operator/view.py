@@ -57,13 +57,15 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def status_lines(job: dict[str, Any]) -> list[str]:
-    """What `rlhf status` prints: phase, progress, checkpoint, usage, the latest metrics as a table."""
+def status_lines(job: dict[str, Any], namespace_jobs: list[dict[str, Any]] = ()) -> list[str]:
+    """What `rlhf status` prints: phase, lineage (the jobs it starts from, its exported model, the jobs of
+    namespace_jobs that start from it), progress, checkpoint, usage, the latest metrics as a table."""
     meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
     lines = [f"RLHFJob {meta['namespace']}/{meta['name']} ({spec['algorithm']})",
              f"Phase:      {status.get('phase', 'Pending')}" + (f" ({status['reason']})" if status.get("reason") else "")]
     if status.get("message"):
         lines.append(f"Message:    {status['message']}")
+    lines += _lineage_lines(job, namespace_jobs)
     progress = status.get("progress") or {}
     if progress:
         eta = f", about {_duration(progress['etaSeconds'])} left" if progress.get("etaSeconds") is not None else ""
@@ -89,9 +91,32 @@ def status_lines(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lineage_lines(job: dict[str, Any], namespace_jobs: list[dict[str, Any]]) -> list[str]:
+    """A pipeline stage's place: what each fromJob model came from, where its own model is, what uses it."""
+    status, lines = job.get("status") or {}, []
+    seen = {entry["role"]: entry for entry in status.get("inputs") or []}
+    for role, model in sorted((job["spec"].get("models") or {}).items()):
+        if "fromJob" in (model or {}):
+            ref = model["fromJob"]
+            phase = seen.get(role, {}).get("phase") or "not seen yet"
+            lines.append(f"From:       models.{role} <- RLHFJob {ref['name']} ({phase}), its {ref.get('model', 'final')} model")
+    if output := status.get("outputModel"):
+        lines.append(f"Output:     {output['kind']} model on claim {output['claimName']} at {output['subPath']}/"
+                     f"{output['final']}" + (f", best at {output['subPath']}/{output['best']}" if output.get("best") else ""))
+    name = job["metadata"]["name"]
+    for other in namespace_jobs:
+        for role, model in sorted((other["spec"].get("models") or {}).items()):
+            if (model or {}).get("fromJob", {}).get("name") == name:
+                phase = (other.get("status") or {}).get("phase") or "Pending"
+                lines.append(f"Used by:    RLHFJob {other['metadata']['name']} (models.{role}, {phase})")
+    return lines
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     namespace = _namespace(args)
-    print("\n".join(status_lines(_job(Kube.from_environment(), namespace, args.job))))
+    kube = Kube.from_environment()
+    job = _job(kube, namespace, args.job)
+    print("\n".join(status_lines(job, kube.list(api.KIND, namespace, ""))))
     return 0
 
 
