@@ -106,8 +106,12 @@ def operator_status(deployment: str = "", job_status: str = "", *, suspend: bool
     return {**written, "progress": {"step": 10, "totalSteps": 100}, "metrics": {"reward": 0.5}}
 
 
+WAITING = status.Observation("Waiting", "WaitingForJob", "waiting for its input jobs to succeed: RLHFJob sft is Running")
+
 CASES = [
     # (id, status, health, message)
+    ("Waiting", {k: v for k, v in status.next_status({}, WAITING, T0, 1).items() if v is not None}, "Progressing",
+     "waiting for its input jobs to succeed: RLHFJob sft is Running"),
     ("Pending", operator_status(""), "Progressing",
      "RayJob ppo created; waiting for KubeRay to start the Ray cluster"),
     ("Provisioning", operator_status("Initializing"), "Progressing",

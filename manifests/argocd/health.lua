@@ -3,7 +3,7 @@
 -- resource.customizations.useOpenLibs.rlhf.dev_RLHFJob is true.
 --
 --   no status.phase, or status.observedGeneration < metadata.generation  -> Progressing
---   Pending, Provisioning, Running                                       -> Progressing
+--   Waiting (for an input job), Pending, Provisioning, Running          -> Progressing
 --   Succeeded                                                            -> Healthy
 --   Failed                                                               -> Degraded
 --   Suspended (reason Queued: waiting for Kueue to admit the job)        -> Suspended
@@ -46,7 +46,7 @@ if generation ~= nil and (observed == nil or observed < generation) then
   return hs
 end
 
-if phase == "Pending" or phase == "Provisioning" or phase == "Running" then
+if phase == "Waiting" or phase == "Pending" or phase == "Provisioning" or phase == "Running" then
   hs.status = "Progressing"
   hs.message = message_or(status, phase)
   return hs
