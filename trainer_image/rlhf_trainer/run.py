@@ -48,12 +48,8 @@ def run_pipeline(paths: list[str | Path], *, output_dir: str | Path | None = Non
     for job_file in _job_files(paths):
         try:
             job = validate(yaml.safe_load(job_file.read_text()))
-        except InvalidJob as invalid:
-            print(f"{job_file}: {invalid}", file=sys.stderr)
-            return EXIT_INVALID
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-            print(f"{job_file}: cannot read: {error}", file=sys.stderr)
-            return EXIT_INVALID
+        except (InvalidJob, *READ_ERRORS) as error:
+            return _refused(job_file, error)
         name = job.metadata.get("name", job_file.stem)
         if name in stages:
             print(f"{job_file}: RLHFJob {name} is also defined in {stages[name][0]}: name each job once", file=sys.stderr)
@@ -89,6 +85,16 @@ def run_pipeline(paths: list[str | Path], *, output_dir: str | Path | None = Non
     return EXIT_OK
 
 
+READ_ERRORS = (OSError, UnicodeDecodeError, yaml.YAMLError)  # a job file that cannot be read
+
+
+def _refused(job_file: Path, error: Exception) -> int:
+    """Say why the job file cannot run (invalid, or unreadable); the exit status for that."""
+    print(f"{job_file}: {error}" if isinstance(error, InvalidJob) else f"{job_file}: cannot read: {error}",
+          file=sys.stderr)
+    return EXIT_INVALID
+
+
 def _job_files(paths: list[str | Path]) -> list[Path]:
     """The files named, a directory standing for its YAML files in name order (kubectl apply -f's)."""
     files = []
@@ -112,12 +118,8 @@ def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | P
                                          "pipeline's files together (rlhf run FILE... or a directory)")
                               for role, ref in inputs.items()])
         placement = check(job.spec, job_file.parent)
-    except InvalidJob as invalid:
-        print(f"{job_file}: {invalid}", file=sys.stderr)
-        return EXIT_INVALID
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        print(f"{job_file}: cannot read: {error}", file=sys.stderr)
-        return EXIT_INVALID
+    except (InvalidJob, *READ_ERRORS) as error:
+        return _refused(job_file, error)
 
     logging.getLogger("rlhf_trainer").setLevel(logging.INFO)  # e.g. "resumed from ..."
     logging.basicConfig(format="%(message)s")
