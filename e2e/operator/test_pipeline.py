@@ -53,8 +53,11 @@ def test_a_stage_waits_for_its_input_and_then_loads_the_input_s_model_from_its_c
     done = _succeed(kube, namespace, "sft")["status"]
     assert done["outputModel"] == {"claimName": "stages", "subPath": "sft", "final": "final", "kind": "policy",
                                    "step": 3}
-    started = wait_phase(kube, namespace, "dpo", "Pending", "RayJobCreated", timeout=30)["status"]
-    assert started["inputs"][0]["phase"] == "Succeeded"
+    wait_phase(kube, namespace, "dpo", "Pending", "RayJobCreated", timeout=30)
+    # The RayJob's creation event may be mirrored into the status (inputs as they were) before the reconcile
+    # that made it writes its own: wait for that one.
+    wait_for(lambda: get_job(kube, namespace, "dpo")["status"]["inputs"][0]["phase"] == "Succeeded", 30,
+             "the inputs the RayJob was made from")
     made = children(kube, namespace, "dpo")
     config = yaml.safe_load(made["ConfigMap"][0]["data"][contract.JOB_CONFIG_FILE])
     actor = config["spec"]["models"]["actor"]

@@ -35,7 +35,7 @@ def _distance(a: Path, b: Path) -> float:
 
 
 def test_a_stage_trains_on_from_the_model_the_stage_it_names_exported(
-        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path):
+        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path, capsys):
     models = local_claim(kube_api.core, namespace, "models", tmp_path / "models-volume")
     shutil.copytree(tiny_model, models / "team-a" / "tiny")
     checkpoints = local_claim(kube_api.core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
@@ -64,4 +64,6 @@ def test_a_stage_trains_on_from_the_model_the_stage_it_names_exported(
     # from the base and four from the first stage's.
     trained_on = _distance(checkpoints / "second" / "final", checkpoints / "first" / "final")
     from_base = _distance(checkpoints / "second" / "final", tiny_model)
+    with capsys.disabled():
+        print(f"\npipeline: the second stage's model is {trained_on:.3f} from the first's, {from_base:.3f} from the base")
     assert trained_on < from_base, (trained_on, from_base)
