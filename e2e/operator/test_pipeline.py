@@ -44,8 +44,9 @@ def test_a_stage_waits_for_its_input_and_then_loads_the_input_s_model_from_its_c
     assert "RLHFJob sft (models.actor) does not exist yet" in waiting["message"]
     create_job(kube, namespace, rlhf_job("sft", checkpoint={"pvc": "stages"}))
     sft = wait_phase(kube, namespace, "sft", "Pending", "RayJobCreated")
-    waiting = wait_for(lambda: (job := get_job(kube, namespace, "dpo"))["status"]["inputs"][0].get("uid") and job,
-                       30, "the input's creation seen")["status"]
+    # Each move of the input's phase reconciles the waiting job (new, then Pending).
+    waiting = wait_for(lambda: (job := get_job(kube, namespace, "dpo"))["status"]["inputs"][0].get("phase") == "Pending"
+                       and job, 30, "the input's phase seen")["status"]
     assert waiting["phase"] == "Waiting" and "RLHFJob sft (models.actor) is Pending" in waiting["message"]
     assert waiting["inputs"] == [{"role": "actor", "name": "sft", "uid": sft["metadata"]["uid"], "phase": "Pending"}]
     assert _made(kube, namespace, "dpo") == {}, "a waiting job makes nothing (no RayJob: no Kueue quota either)"
