@@ -152,8 +152,9 @@ async def count_job(type: str | None, uid: str, namespace: str, name: str, statu
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def start_dependents(type: str | None, namespace: str, name: str, uid: str, status: kopf.Status,
                      **kwargs: Any) -> None:
-    phase = None if type == "DELETED" else status.get("phase")
-    for dependent in inputs.waiting_for(kwargs["rlhf_jobs"], namespace, name, uid, phase):
+    gone = type == "DELETED"
+    for dependent in inputs.waiting_for(kwargs["rlhf_jobs"], namespace, name, None if gone else uid,
+                                        None if gone else status.get("phase")):
         with metrics.measured("input-event"):
             # Read from the API server: the index may not have taken this very event in yet.
             reconcile.resync(namespace, dependent["metadata"]["name"], dependent["metadata"]["uid"], reconcile.API)

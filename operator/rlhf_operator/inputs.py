@@ -80,9 +80,10 @@ def resolve(job: api.RLHFJob, seen: list[dict[str, Any]], reads: JobReads,
     return api.RLHFJob.model_validate({**job.model_dump(by_alias=True), "spec": resolved}), found_inputs
 
 
-def waiting_for(jobs: dict, namespace: str, name: str, uid: str, phase: str | None) -> list[dict[str, Any]]:
+def waiting_for(jobs: dict, namespace: str, name: str, uid: str | None, phase: str | None) -> list[dict[str, Any]]:
     """The Waiting jobs (of the jobs index: copies by (namespace, name)) that saw the input job `name` in
-    another state than (uid, phase) now: each is to be reconciled. phase None: the input was deleted."""
+    another state than (uid, phase) now: each is to be reconciled. uid None: the input was deleted; phase
+    None: it has none yet."""
     stale = []
     for (job_namespace, _), copies in list(jobs.items()):
         if job_namespace != namespace:
@@ -92,7 +93,7 @@ def waiting_for(jobs: dict, namespace: str, name: str, uid: str, phase: str | No
             if current.get("phase") != "Waiting":
                 continue
             seen = [entry for entry in current.get("inputs") or [] if entry["name"] == name]
-            if any((entry.get("uid"), entry.get("phase")) != (uid if phase else None, phase) for entry in seen):
+            if any((entry.get("uid"), entry.get("phase")) != (uid, phase) for entry in seen):
                 stale.append(job)
     return stale
 
