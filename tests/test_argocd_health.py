@@ -201,3 +201,11 @@ def test_application_points_at_the_examples():
     assert app["kind"] == "Application" and app["apiVersion"] == "argoproj.io/v1alpha1"
     path = app["spec"]["source"]["path"]
     assert (ROOT / path).is_dir() and path == "manifests/examples"
+
+
+def test_the_pipeline_application_syncs_every_stage_of_the_example():
+    app = yaml.safe_load((ARGOCD / "pipeline-application.yaml").read_text())
+    source = app["spec"]["source"]
+    assert app["kind"] == "Application" and source["path"] == "manifests/examples/pipeline"
+    stages = sorted((ROOT / source["path"]).glob("*.yaml"))
+    assert len(stages) == 4 and "directory" not in source  # every file of the directory, as Argo CD reads it

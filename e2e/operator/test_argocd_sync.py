@@ -17,7 +17,8 @@ import yaml
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import get_job, wait_phase
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
+EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml")
+                  for p in (Path(__file__).resolve().parents[2] / "manifests" / "examples").glob(pattern))
 ARGOCD = ["--server-side", "--field-manager", "argocd-controller"]
 VOLATILE = ("managedFields", "resourceVersion", "generation")  # not compared by Argo CD either
 
@@ -38,8 +39,10 @@ def test_synced_examples_have_no_diff_after_the_operator_ran(control_plane, kube
         control_plane.kubectl("apply", *ARGOCD, "-f", "-", input=text)
     operator.start()
     for name, text in manifests.items():
-        # Pending: with its RayJob, or waiting for a reward ConfigMap the example names (not created here).
-        wait_phase(kube, namespace, name, "Pending")
+        # Pending: with its RayJob, or waiting for a reward ConfigMap the example names (not created here);
+        # a pipeline's later stage: Waiting for the stage it names.
+        phase = "Waiting" if "fromJob" in text else "Pending"
+        wait_phase(kube, namespace, name, phase)
         wait_for(lambda name=name: any(key.startswith("rlhf.dev/") for key in  # kopf's, after the handler
                                        get_job(kube, namespace, name)["metadata"].get("annotations") or {}),
                  30, f"kopf's annotations on {name}")
@@ -47,6 +50,6 @@ def test_synced_examples_have_no_diff_after_the_operator_ran(control_plane, kube
                                                    input=text).stdout)
         live = json.loads(control_plane.kubectl("get", "rlhfjob", name, "-n", namespace, "-o", "json").stdout)
         assert comparable(dry_run) == comparable(live), name
-        assert live["status"]["phase"] == "Pending"  # the operator did write
+        assert live["status"]["phase"] == phase  # the operator did write
         diff = control_plane.kubectl("diff", *ARGOCD, "-f", "-", input=text, check=False)
         assert diff.returncode == 0, f"{name}:\n{diff.stdout}"
