@@ -32,6 +32,7 @@ class AlgorithmInfo:
     policy_loss: str = "ppo-clip"  # online: rlhf_trainer.losses.POLICY_LOSSES key (the actor's loss)
     objective: str | None = None  # offline: rlhf_trainer.offline.OBJECTIVES key
     group_samples: bool = False  # compares the samples of one prompt: needs rollout.samplesPerPrompt > 1
+    conditioned: bool = False  # offline: each prompt carries its record's score (data.<dataset>.scoreKey)
     # spec.training fields (API names, TRAINING_DEFAULTS keys) this algorithm defaults differently
     defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -79,6 +80,10 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("kto", "Ethayarajh et al. 2024, arXiv:2402.01306", "preferences", ("actor", "reference"),
                   objective="kto"),
     AlgorithmInfo("sft", "supervised fine-tuning on prompt/response records", "sft", ("actor",), objective="sft"),
+    # Conditional SFT: the sft objective on prompts that carry each response's quality score
+    # (data.scoreTemplate), so that asking for the top score at inference asks for the best responses.
+    AlgorithmInfo("csft", "Dong et al. 2023, SteerLM, arXiv:2310.05344", "sft", ("actor",), objective="sft",
+                  conditioned=True),
     AlgorithmInfo("rm", "Bradley-Terry reward model, Ouyang et al. 2022, arXiv:2203.02155", "preferences",
                   ("rm",), objective="pairwise"),
 )
@@ -92,6 +97,7 @@ USES_CRITIC: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "critic" in a.
 USES_TEACHER: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "teacher" in a.roles)
 # Online algorithms whose training signal is a reward (a teacher's is not: its reward only adds to it).
 NEEDS_REWARD: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online and "teacher" not in a.roles)
+CONDITIONED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.conditioned)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 # Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.
 ONE_STEP_PER_ROLLOUT: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "dpo-pairs")

@@ -6,6 +6,7 @@ often than chance."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rlhf_trainer.losses import masked_sum, token_log_probs
 from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import EXIT_INVALID, run, run_pipeline
+from rlhf_trainer.data import conditioned
 from rlhf_trainer.tiny import TOY_LETTERS, toy_prompts
 from rlhf_trainer.workers.engine import position_ids
 
@@ -256,3 +258,41 @@ def test_a_pipeline_that_cannot_run_is_refused_before_anything_loads(tiny_model,
     assert "in a cycle (ping <- pong <- ping)" in capsys.readouterr().err
     assert run_pipeline([tmp_path / "ping.yaml"]) == EXIT_INVALID
     assert "models.actor.fromJob names RLHFJob pong, which none of the files defines" in capsys.readouterr().err
+
+
+def _scored_records(count: int, seed: int) -> list[dict]:
+    """Each prompt three times: the right letter scored 2, twice a refusal scored 0 (a third of the data good)."""
+    records = []
+    for r in toy_prompts(count, seed=seed):
+        records.append({"prompt": r["prompt"], "response": r["label"] * 4, "score": 2})
+        records += [{"prompt": r["prompt"], "response": "No.", "score": 0}] * 2
+    return records
+
+
+def test_csft_asked_for_the_top_score_writes_what_sft_on_the_same_data_does_not(tiny_model, local_ray, tmp_path,
+                                                                               capsys):
+    """Conditional SFT (SteerLM): on data of mixed quality (two refusals scored 0 for each right answer
+    scored 2), a held-out prompt asking for the top score is answered rather than refused; plain SFT on
+    the same records refuses two times in three. Measured: the log-probability of the refusal."""
+    template = DataSpec().score_template
+    held_out = [{"prompt": r["prompt"], "response": "No."} for r in toy_prompts(48, seed=7)]
+    refusal = {}
+    for algorithm in ("sft", "csft"):
+        directory = tmp_path / algorithm
+        directory.mkdir()
+        job_file = _write_job(directory, tiny_model, algorithm, "sft", _scored_records(64, seed=3),
+                              learningRate=5.0e-3, epochs=5, maxSteps=60)
+        job = yaml.safe_load(job_file.read_text())
+        if algorithm == "csft":
+            job["spec"]["data"]["sft"]["scoreKey"] = "score"
+        job_file.write_text(yaml.safe_dump(job))
+        _run(job_file, directory / "out")
+        asked = [{**r, "prompt": conditioned(r["prompt"], 2, template) if algorithm == "csft" else r["prompt"]}
+                 for r in held_out]
+        dataset, pad = _dataset(tiny_model, asked, ("response",), directory)
+        logps, _ = _response_logps(directory / "out" / "checkpoints" / "final", dataset, pad)
+        refusal[algorithm] = logps.mean().item()
+    with capsys.disabled():
+        print(f"\ncsft: held-out log-probability of refusing {refusal}")
+    assert refusal["sft"] > math.log(0.4), refusal  # it learnt the data's mixture: refusals two times in three
+    assert refusal["csft"] < refusal["sft"] - 2.0, refusal  # asked for the top score: e^2 times less likely

@@ -176,6 +176,23 @@ def render_prompt(value: Any, tokenizer, apply_chat_template: bool) -> str:
     return value
 
 
+def conditioned(prompt: Any, score: float, template: str) -> Any:
+    """The prompt asking for a response of that score (csft, data.scoreTemplate): the template filled in
+    with it; for chat messages, in the last user message's content."""
+    shown = f"{score:g}"
+    if isinstance(prompt, str):
+        return template.format_map({"prompt": prompt, "score": shown})
+    last = max(i for i, message in enumerate(prompt) if message["role"] == "user")
+    filled = template.format_map({"prompt": prompt[last]["content"], "score": shown})
+    return [*prompt[:last], {**prompt[last], "content": filled}, *prompt[last + 1:]]
+
+
+def score_check(value: Any) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None
+    return f"is a response's score: it must be a number, not {_shown(value)}"
+
+
 # ---------------------------------------------------------------------------- records and checks
 
 Check = Callable[[Any], str | None]  # a record's value -> what is wrong with it, or None

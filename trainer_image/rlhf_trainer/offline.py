@@ -4,7 +4,8 @@ Each step is one optimizer step over training.trainBatchSize examples (pairs, fo
 algorithms), split evenly over the trained group's ranks and into microTrainBatchSize
 micro-batches; training.epochs passes over the dataset, capped by training.maxSteps.
 
-- sft: token NLL of the response (the prompt masked out), data.sft records.
+- sft: token NLL of the response (the prompt masked out), data.sft records; csft the same on prompts that
+  carry each record's score (data.scoreTemplate with data.sft.scoreKey).
 - dpo, ipo, cdpo: the actor against a frozen reference (spec.models.reference, else the actor's
   initial weights) on the summed log-probs of chosen and rejected responses, with
   losses.PREFERENCE_LOSSES[algorithm]; data.preferences pairs.
@@ -85,7 +86,7 @@ class OfflineTrainer(RunLoop):
         dataset = OfflineDataset.from_spec(
             data_spec, self.spec.data, self.tokenizer, response_keys=self.objective.response_keys(data_spec),
             base_dir=self.base_dir, seed=self.training.seed, name=self.algorithm.dataset,
-            flag_key=self.objective.flag_key(data_spec))
+            flag_key=self.objective.flag_key(data_spec), conditioned_on_score=self.algorithm.conditioned)
         if len(dataset) < self.training.train_batch_size:
             raise ValueError(f"data.{self.algorithm.dataset} has {len(dataset)} records, fewer than one optimizer step "
                              f"of training.trainBatchSize={self.training.train_batch_size}: lower it or add records")

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 
-from .data import load_records, prompt_check, render_prompt, text_check
+from .data import conditioned, load_records, prompt_check, render_prompt, score_check, text_check
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,21 @@ class OfflineDataset:
 
     @classmethod
     def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, response_keys: tuple[str, ...],
-                  base_dir: Path, seed: int, name: str, flag_key: str | None = None) -> OfflineDataset:
+                  base_dir: Path, seed: int, name: str, flag_key: str | None = None,
+                  conditioned_on_score: bool = False) -> OfflineDataset:
         """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey);
-        `flag_key`: the key of a desirable flag (kto's labelKey)."""
+        `flag_key`: the key of a desirable flag (kto's labelKey); conditioned_on_score: each prompt carries
+        its record's score (scoreKey) through data.scoreTemplate (csft)."""
         keys = {spec.input_key: prompt_check(spec.apply_chat_template), **dict.fromkeys(response_keys, text_check),
-                **({flag_key: _flag_check} if flag_key else {})}
+                **({flag_key: _flag_check} if flag_key else {}),
+                **({spec.score_key: score_check} if conditioned_on_score else {})}
         records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}")
 
-        prompts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
+        values = [record[spec.input_key] for record in records]
+        if conditioned_on_score:
+            values = [conditioned(value, record[spec.score_key], data.score_template)
+                      for value, record in zip(values, records)]
+        prompts = [render_prompt(value, tokenizer, spec.apply_chat_template) for value in values]
         prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
         response_ids = {key: tokenizer([r[key] for r in records], add_special_tokens=False)["input_ids"]
                         for key in response_keys}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from .. import algorithms
-from .base import APIModel
+from ..algorithms import prose
+from .base import APIModel, cel
 
 PREFERENCES = algorithms.reading("preferences")
 
@@ -35,6 +36,9 @@ class DatasetSpec(APIModel):
     """Record key of the prompt (a string, or a list of chat messages)."""
     label_key: str | None = Field(None, max_length=128)
     """Record key passed to reward functions as the label (e.g. the reference answer); for kto, the desirable flag."""
+    score_key: str | None = Field(None, max_length=128, description=(
+        f"Record key of each response's quality score, a number ({prose(algorithms.CONDITIONED)}: the prompt is "
+        "conditioned on it, see data.scoreTemplate)."))
     output_key: str = Field("response", max_length=128)
     """Record key of the target completion (sft)."""
     chosen_key: str = Field("chosen", max_length=128)
@@ -52,6 +56,9 @@ class DatasetSpec(APIModel):
 class DataSpec(APIModel):
     """Training data. Which dataset is needed follows from spec.algorithm."""
 
+    model_config = cel(("!has(self.scoreTemplate) || self.scoreTemplate.contains('{prompt}')",
+                        "data.scoreTemplate must contain {prompt}, where the record's prompt goes", ".scoreTemplate"))
+
     prompts: DatasetSpec | None = Field(None, description=f"Prompts for online RL ({', '.join(algorithms.ONLINE)}).")
     preferences: DatasetSpec | None = Field(None, description=(
         f"Pairs (chosen/rejected) for {', '.join(PREFERENCES)}; for kto also records with a desirable flag."))
@@ -59,5 +66,9 @@ class DataSpec(APIModel):
         f"Prompt/response records for {', '.join(algorithms.reading('sft'))}."))
     max_prompt_tokens: int = Field(1024, ge=8, le=1 << 20)
     """Prompts longer than this are truncated from the left (their end, with the question and the generation prompt, is kept); a warning counts them."""
+    score_template: str = Field("{prompt}\n\nQuality: {score}", max_length=1024, description=(
+        f"{prose(algorithms.CONDITIONED)}: the prompt the model is trained on, {{prompt}} the record's and {{score}} its "
+        "scoreKey value (for chat messages, the last user message's content is filled in). At inference write the "
+        "prompt the same way with the top score to ask for the best responses."))
     max_tokens: int = Field(2048, ge=16, le=1 << 20)
     """Maximum prompt + response length for offline algorithms (sft, dpo, ...): a longer response loses its end; a warning counts them."""

@@ -85,7 +85,14 @@ class RLHFJobSpec(APIModel):
         (f"!(self.algorithm in {cel_list(PREFERENCES)}) || has(self.data.preferences)",
          f"{prose(PREFERENCES)} train on preference data: set spec.data.preferences", ".data"),
         (f"!(self.algorithm in {cel_list(algorithms.reading('sft'))}) || has(self.data.sft)",
-         f"{prose(algorithms.reading('sft'))} trains on prompt/response records: set spec.data.sft", ".data"),
+         f"{prose(algorithms.reading('sft'))} train on prompt/response records: set spec.data.sft", ".data"),
+        (f"!(self.algorithm in {cel_list(algorithms.CONDITIONED)}) || (has(self.data.sft) && has(self.data.sft.scoreKey) "
+         "&& self.data.scoreTemplate.contains('{score}'))",
+         f"{prose(algorithms.CONDITIONED)} conditions each prompt on its response's score: set data.sft.scoreKey to "
+         "the records' score field, and put {score} in data.scoreTemplate", ".data"),
+        (f"self.algorithm in {cel_list(algorithms.CONDITIONED)} || !has(self.data.sft) || !has(self.data.sft.scoreKey)",
+         f"only {prose(algorithms.CONDITIONED)} reads a score: remove data.sft.scoreKey or set algorithm: "
+         f"{algorithms.CONDITIONED[0]}", ".data.sft.scoreKey"),
         (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
          "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
          ".rollout.samplesPerPrompt"),
