@@ -150,11 +150,14 @@ async def count_job(type: str | None, uid: str, namespace: str, name: str, statu
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def start_dependents(type: str | None, namespace: str, name: str, uid: str, status: kopf.Status,
-                     **kwargs: Any) -> None:
+async def start_dependents(type: str | None, namespace: str, name: str, uid: str, status: kopf.Status,
+                           **kwargs: Any) -> None:
+    # async: every job event (a trainer's progress too) scans the index on the event loop; only the jobs
+    # to move are reconciled, in a thread.
     gone = type == "DELETED"
     for dependent in inputs.waiting_for(kwargs["rlhf_jobs"], namespace, name, None if gone else uid,
                                         None if gone else status.get("phase")):
         with metrics.measured("input-event"):
             # Read from the API server: the index may not have taken this very event in yet.
-            reconcile.resync(namespace, dependent["metadata"]["name"], dependent["metadata"]["uid"], reconcile.API)
+            await asyncio.to_thread(reconcile.resync, namespace, dependent["metadata"]["name"],
+                                    dependent["metadata"]["uid"], reconcile.API)
