@@ -173,6 +173,10 @@ class RolloutEngine:
         # one seeded generator serves the requests in the order sent, which needs no more.
         self.seed, self.requests = seed, 0
         self.seeds_requests = envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        self._track_requests()
+
+    def _track_requests(self) -> None:
+        """The bookkeeping of `generate`, `pause` and `resume`, before the first request."""
         self.version = 0  # the policy the weights are: the weight syncs taken (`resume` sets it)
         self.request_ids = count()
         self.in_flight: dict[str, _Request] = {}  # by vLLM request id
@@ -198,7 +202,10 @@ class RolloutEngine:
         while any(request.finish_reason is None for group in requests for request in group):
             self.unpaused.wait()
             with self.turn:
-                self._step()
+                # A pause between the wait and the lock takes every request out: a step then would wait
+                # for output forever (an engine core in its own process blocks until it has some).
+                if self.in_flight:
+                    self._step()
         return [[request.completion() for request in group] for group in requests], time.perf_counter() - started
 
     def _send(self, request: _Request) -> None:
