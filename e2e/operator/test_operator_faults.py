@@ -129,7 +129,9 @@ def test_the_deadline_spans_kuberay_s_retries(kube, namespace, monkeypatch):
     assert status["startTime"] == started and status["message"].startswith("Attempt 2 of 3 (1 failed)")
     reconcile.deadline_passed(namespace, "slow", created["metadata"]["uid"])  # too early: nothing happens
     assert phase(get_job(kube, namespace, "slow"))[0] == "Pending"
-    clock[0] += timedelta(seconds=4)
+    # Past the deadline counted from the start KubeRay recorded (its clock, taken after this test's: on a
+    # loaded machine the creation and first reconcile took over a second, and the clock + 4 s fell short).
+    clock[0] = lifecycle.parse(started) + timedelta(seconds=4)
     reconcile.deadline_passed(namespace, "slow", created["metadata"]["uid"])
     status = get_job(kube, namespace, "slow")["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded") and "3s" in status["message"]
