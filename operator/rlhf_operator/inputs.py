@@ -45,27 +45,28 @@ def resolve(job: api.RLHFJob, seen: list[dict[str, Any]], reads: JobReads,
         found = reads.job(namespace, ref.name)
         uid = found["metadata"]["uid"] if found else None
         if uids.get(role) and uid != uids[role]:
-            return _input_failed("InputJobDeleted", f"RLHFJob {ref.name}, whose model models.{role}.fromJob names, was "
-                           "deleted before it succeeded: re-create it (or point fromJob at another job), then "
-                           "re-create this job", found_inputs)
+            return _input_failed("InputJobDeleted", f"RLHFJob {ref.name}, whose model models.{role}.fromJob names, "
+                                 "was deleted before it succeeded: re-create it (or point fromJob at another job), "
+                                 "then re-create this job", found_inputs)
         status = (found or {}).get("status") or {}
         phase = status.get("phase")
         found_inputs.append(api.JobInput(role=role, name=ref.name, uid=uid, phase=phase).model_dump(exclude_none=True))
         if found is None:
             if age_seconds > DEPENDENCY_WAIT_SECONDS:
-                return _input_failed("InputJobNotFound", f"RLHFJob {ref.name} (models.{role}.fromJob) does not exist after "
-                               f"{DEPENDENCY_WAIT_SECONDS} s: create it, or fix the name", found_inputs)
+                return _input_failed("InputJobNotFound", f"RLHFJob {ref.name} (models.{role}.fromJob) does not "
+                                     f"exist after {DEPENDENCY_WAIT_SECONDS} s: create it, or fix the name",
+                                     found_inputs)
             waiting.append(f"RLHFJob {ref.name} (models.{role}) does not exist yet")
         elif phase == "Failed":
-            return _input_failed("InputJobFailed", f"RLHFJob {ref.name}, whose model models.{role}.fromJob names, failed "
-                           f"({status.get('reason')}: {status.get('message')}): fix and re-run it, then re-create "
-                           "this job", found_inputs)
+            return _input_failed("InputJobFailed", f"RLHFJob {ref.name}, whose model models.{role}.fromJob names, "
+                                 f"failed ({status.get('reason')}: {status.get('message')}): fix and re-run it, then "
+                                 "re-create this job", found_inputs)
         elif phase == "Succeeded":
             output = status.get("outputModel")
             if output is None:
                 why = pipeline.unexported(api.RLHFJobSpec.model_validate(found["spec"]))
-                return _input_failed("InputHasNoModel", f"RLHFJob {ref.name} (models.{role}.fromJob) succeeded but "
-                               f"exported no model another job can load: {why}", found_inputs)
+                return _input_failed("InputHasNoModel", f"RLHFJob {ref.name} (models.{role}.fromJob) succeeded "
+                                     f"but exported no model another job can load: {why}", found_inputs)
             outputs[role] = api.OutputModel.model_validate(output)
             if (wrong := pipeline.problem(role, ref, outputs[role].kind, outputs[role].best is not None)) is not None:
                 return _input_failed("InputModelMismatch", wrong, found_inputs)
