@@ -36,12 +36,20 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from e2e import images
 from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
 from e2e.controlplane import queues as kueue_objects
+
+def example_jobs() -> list[Path]:
+    """The example RLHFJobs every check reads: manifests/examples/*.yaml and the pipeline's stages."""
+    examples = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+    return sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in examples.glob(pattern)
+                  if not p.name.startswith("."))
+
 
 _STARTED: list[ControlPlane] = []
 _built: concurrent.futures.Future | None = None  # the control plane's build, when it runs beside the first tests

@@ -27,13 +27,14 @@ import pytest
 import yaml
 
 from e2e.controlplane.client import Session
+from e2e.fixtures import example_jobs
 from rlhf_api import algorithms
 from rlhf_api.v1alpha1.base import WHOLE_FLOAT_LIMIT
 from rlhf_api.validation import InvalidJob, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "rlhf.dev_rlhfjobs.yaml"
-EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (REPO / "manifests" / "examples").glob(pattern))
+EXAMPLES = example_jobs()
 SEED = int(os.environ.get("RLHF_FUZZ_SEED", "16"))
 SPECS = int(os.environ.get("RLHF_FUZZ_SPECS", "1000"))
 INT64_MAX = 2**63 - 1

@@ -20,14 +20,13 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from e2e.fixtures import KubeAPI
+from e2e.fixtures import KubeAPI, example_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "rlhf.dev_rlhfjobs.yaml"
 INVALID = sorted(p for p in (REPO / "tests" / "specs" / "invalid").glob("*.yaml")
                  if not p.name.startswith("."))
-EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (REPO / "manifests" / "examples").glob(pattern)
-                  if not p.name.startswith("."))
+EXAMPLES = example_jobs()
 GROUP, VERSION, PLURAL = "rlhf.dev", "v1alpha1", "rlhfjobs"
 
 pytestmark = pytest.mark.skipif(not CRD.exists(), reason=f"{CRD.relative_to(REPO)} not there yet")

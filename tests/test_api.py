@@ -8,13 +8,14 @@ import jsonschema
 import pytest
 import yaml
 
+from e2e.fixtures import example_jobs
 from rlhf_api import crd, defaults_policy
 from rlhf_api.algorithms import ALGORITHMS, CATALOGUE
 from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml") for p in (ROOT / "manifests" / "examples").glob(pattern))
+EXAMPLES = example_jobs()
 INVALID = sorted((ROOT / "tests" / "specs" / "invalid").glob("*.yaml"))
 CRD_FILE = ROOT / "crds" / "rlhf.dev_rlhfjobs.yaml"
 DEFAULTS_POLICY_FILE = ROOT / "helm" / "rlhf-operator" / "files" / "algorithm-defaults-policy.yaml"

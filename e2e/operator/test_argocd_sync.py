@@ -10,15 +10,13 @@ Argo CD syncs it (server-side, field manager argocd-controller), the operator re
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 
-from e2e.fixtures import wait_for
+from e2e.fixtures import example_jobs, wait_for
 from e2e.operator.jobs import get_job, wait_phase
 
-EXAMPLES = sorted(p for pattern in ("*.yaml", "pipeline/*.yaml")
-                  for p in (Path(__file__).resolve().parents[2] / "manifests" / "examples").glob(pattern))
+EXAMPLES = example_jobs()
 ARGOCD = ["--server-side", "--field-manager", "argocd-controller"]
 VOLATILE = ("managedFields", "resourceVersion", "generation")  # not compared by Argo CD either
 
