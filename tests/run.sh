@@ -23,10 +23,10 @@ timed() { # timed NAME COMMAND...: run it, append "NAME seconds" to RLHF_SUITE_T
 
 # On a fresh machine the install and the control plane's build are the critical path (everything waits
 # for the install, the e2e tests for the build, and the other tests end well before it): both run at
-# normal priority, the tools only some tests use (helm, promtool) and the tests themselves niced.
+# normal priority, what only some tests use (Kueue, helm, promtool) and the tests themselves niced.
 echo "control plane build (if needed) in the background: $cache/build.log" >&2
 { NICE= timed "control-plane build" e2e/build/build.sh control-plane
-  timed "tools build (helm, promtool)" e2e/build/build.sh tools; } > "$cache/build.log" 2>&1 &
+  timed "tools build (kueue, helm, promtool)" e2e/build/build.sh tools; } > "$cache/build.log" 2>&1 &
 build=$!
 timed install bash requirements/install.sh >&2 || exit
 nice -n 10 .venv/bin/python -m pytest -n "${RLHF_TEST_WORKERS:-4}" --dist loadscope "$@"

@@ -5,12 +5,13 @@
 #   etcd     etcd server                                              (go.etcd.io/etcd/server/v3, ./etcd)
 #   kwok     kwok + its upstream "fast" stages                        (sigs.k8s.io/kwok)
 #   kuberay  KubeRay operator + its CRD YAMLs                         (github.com/ray-project/kuberay/ray-operator, ./kuberay)
-#   kueue    Kueue controller manager + its CRD and webhook YAMLs      (sigs.k8s.io/kueue, ./kueue)
+#   kueue-crds  Kueue's CRD and webhook YAMLs (every control plane installs them)  (sigs.k8s.io/kueue)
+#   kueue    Kueue controller manager (only the clusters that run Kueue)  (sigs.k8s.io/kueue, ./kueue)
 #   helm     helm                                                     (helm.sh/helm/v3)
 #   promtool promtool, to check and unit-test alerting rules          (github.com/prometheus/prometheus)
 #   prometheus-operator-crds  its CRD YAMLs (ServiceMonitor, PodMonitor, PrometheusRule...), no binary
 #
-# Usage: e2e/build/build.sh [all|control-plane|tools|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths]...
+# Usage: e2e/build/build.sh [all|control-plane|tools|kube|etcd|kwok|kuberay|kueue-crds|kueue|helm|promtool|prometheus-operator-crds|paths]...
 # (default: all)
 #
 # Versions are pinned in versions.env (also read by e2e/controlplane/). Binaries land in
@@ -181,24 +182,37 @@ build_kuberay() {
   finish kuberay "$tmp" "$dir" "$key" "$start"
 }
 
+# Kueue's manifests apart from its binary: every control plane installs its CRDs, few tests run it, and
+# its build (~7 minutes on a fresh 2-core machine) must not hold up the control plane's first start.
+build_kueue-crds() {
+  lock_step kueue-crds
+  local v=$KUEUE_VERSION dir=$BIN/kueue-crds-$KUEUE_VERSION
+  require_pinned kueue sigs.k8s.io/kueue "$v"
+  local key; key=$(step_key kueue-crds "$v")
+  if up_to_date "$dir" "$key" crds/kueue.x-k8s.io_workloads.yaml webhook/manifests.yaml; then
+    log "kueue CRDs $v: cached in $dir"; return; fi
+  local start; start=$(date +%s)
+  local tmp=$BIN/.tmp-kueue-crds-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp/crds" "$tmp/webhook"
+  # What a kustomize install would apply: the CRDs and the webhook configurations (e2e/controlplane/kueue.py
+  # points those at 127.0.0.1).
+  local src; src=$(mod_dir "sigs.k8s.io/kueue@$v")
+  cp "$src"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$tmp/crds/"
+  cp "$src"/config/components/webhook/manifests.yaml "$tmp/webhook/"
+  chmod -R u+w "$tmp"
+  finish kueue-crds "$tmp" "$dir" "$key" "$start"
+}
+
 build_kueue() {
   lock_step kueue
   local v=$KUEUE_VERSION dir=$BIN/kueue-$KUEUE_VERSION
   require_pinned kueue sigs.k8s.io/kueue "$v"
   local ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-$v"
   local key; key=$(step_key kueue "$v" "$ld" "$HERE/kueue/go.mod" "$HERE/kueue/go.sum")
-  if up_to_date "$dir" "$key" kueue crds/kueue.x-k8s.io_workloads.yaml webhook/manifests.yaml; then
-    log "kueue $v: cached in $dir"; return; fi
+  if up_to_date "$dir" "$key" kueue; then log "kueue $v: cached in $dir"; return; fi
   log "kueue $v: building"
   local start; start=$(date +%s)
-  local tmp=$BIN/.tmp-kueue-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp/crds" "$tmp/webhook"
+  local tmp=$BIN/.tmp-kueue-$v-$$; rm -rf "$tmp"; mkdir -p "$tmp"
   wrapper_build kueue "$ld" "$tmp/kueue" sigs.k8s.io/kueue/cmd/kueue
-  # What a kustomize install would apply, from the same module: the CRDs and the webhook
-  # configurations (e2e/controlplane/kueue.py points those at 127.0.0.1).
-  local src; src=$(wrapper_mod_dir kueue sigs.k8s.io/kueue)
-  cp "$src"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$tmp/crds/"
-  cp "$src"/config/components/webhook/manifests.yaml "$tmp/webhook/"
-  chmod -R u+w "$tmp"
   finish kueue "$tmp" "$dir" "$key" "$start"
 }
 
@@ -265,7 +279,7 @@ KWOK_STAGES=$BIN/kwok-$KWOK_VERSION/stages
 KUBERAY_OPERATOR=$BIN/kuberay-$KUBERAY_VERSION/ray-operator
 KUBERAY_CRDS=$BIN/kuberay-$KUBERAY_VERSION/crds
 KUEUE=$BIN/kueue-$KUEUE_VERSION/kueue
-KUEUE_CRDS=$BIN/kueue-$KUEUE_VERSION/crds
+KUEUE_CRDS=$BIN/kueue-crds-$KUEUE_VERSION/crds
 HELM=$BIN/helm-$HELM_VERSION/helm
 PROMTOOL=$BIN/promtool-$PROMETHEUS_VERSION/promtool
 PROMETHEUS_OPERATOR_CRDS=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/crds
@@ -279,12 +293,12 @@ if [[ ${targets[*]} == paths ]]; then print_paths; exit 0; fi
 t0=$(date +%s.%N)
 for t in "${targets[@]}"; do
   case $t in
-    all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue; build_helm; build_promtool; build_prometheus-operator-crds ;;
-    control-plane) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue ;;  # binaries.BUILD_TARGETS
-    tools) build_helm; build_promtool; build_prometheus-operator-crds ;;  # what only some tests run
-    kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds) "build_$t" ;;
+    all) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue-crds; build_kueue; build_helm; build_promtool; build_prometheus-operator-crds ;;
+    control-plane) build_etcd; build_kube; build_kwok; build_kuberay; build_kueue-crds ;;  # binaries.BUILD_TARGETS
+    tools) build_kueue; build_helm; build_promtool; build_prometheus-operator-crds ;;  # what only some tests run
+    kube|etcd|kwok|kuberay|kueue-crds|kueue|helm|promtool|prometheus-operator-crds) "build_$t" ;;
     paths) print_paths ;;
-    *) log "unknown target $t (all|control-plane|tools|kube|etcd|kwok|kuberay|kueue|helm|promtool|prometheus-operator-crds|paths)"; exit 2 ;;
+    *) log "unknown target $t (all|control-plane|tools|kube|etcd|kwok|kuberay|kueue-crds|kueue|helm|promtool|prometheus-operator-crds|paths)"; exit 2 ;;
   esac
 done
 log "done in $(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")s"

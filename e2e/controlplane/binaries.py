@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 E2E = REPO / "e2e"
 BUILD_SH = E2E / "build" / "build.sh"
 VERSIONS_FILE = E2E / "build" / "versions.env"
-# What a control plane may need (helm is built by build.sh but used by no test here).
-# KubeRay's and Kueue's CRDs are always installed, so their modules are always needed.
-BUILD_TARGETS = ("etcd", "kube", "kwok", "kuberay", "kueue")
+# What every control plane needs: KubeRay's and Kueue's CRDs are always installed. Kueue's binary is built
+# when a cluster starts it (ControlPlane.start_kueue), helm and promtool when a test asks for them.
+BUILD_TARGETS = ("etcd", "kube", "kwok", "kuberay", "kueue-crds")
 
 
 def cache_dir() -> Path:
@@ -90,11 +90,11 @@ class Binaries:
 
     @property
     def kueue_crds(self) -> Path:
-        return self._dir("kueue", "KUEUE_VERSION") / "crds"
+        return self._dir("kueue-crds", "KUEUE_VERSION") / "crds"
 
     @property
     def kueue_webhooks(self) -> Path:
-        return self._dir("kueue", "KUEUE_VERSION") / "webhook" / "manifests.yaml"
+        return self._dir("kueue-crds", "KUEUE_VERSION") / "webhook" / "manifests.yaml"
 
     @property
     def helm(self) -> Path:
@@ -106,8 +106,8 @@ class Binaries:
             "kube": [self.kube_apiserver, self.kube_controller_manager, self.kube_scheduler],
             "kwok": [self.kwok, self.kwok_stages / "pod-ready.yaml"],
             "kuberay": [self.kuberay_operator, self.kuberay_crds / "ray.io_rayclusters.yaml"],
-            "kueue": [self.kueue, self.kueue_crds / "kueue.x-k8s.io_workloads.yaml",
-                      self.kueue_webhooks],
+            "kueue-crds": [self.kueue_crds / "kueue.x-k8s.io_workloads.yaml", self.kueue_webhooks],
+            "kueue": [self.kueue],
             "helm": [self.helm],
         }[target]
 
