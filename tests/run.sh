@@ -21,15 +21,21 @@ timed() { # timed NAME COMMAND...: run it, append "NAME seconds" to RLHF_SUITE_T
   return $status
 }
 
-# On a fresh machine the install and the control plane's build are the critical path (everything waits
-# for the install, the e2e tests for the build, and the other tests end well before it): both run at
-# normal priority, what only some tests use (Kueue, helm, promtool) and the tests themselves niced.
+# On a fresh machine the install, the control plane's build and the images' are the critical path
+# (everything waits for the install, the e2e tests for the control plane, the longest unit, the pod
+# runtime's group, for the images too): all three start at once at normal priority; what only some tests
+# use (Kueue, helm, promtool) and the tests themselves niced. The images need nothing of the venv (the
+# system's Python runs e2e.images; its RUN steps have a pip cache of their own); the tests' own build of
+# them then finds them made, or waits for this one.
 echo "control plane build (if needed) in the background: $cache/build.log" >&2
 { NICE= timed "control-plane build" e2e/build/build.sh control-plane
   timed "tools build (kueue, helm, promtool)" e2e/build/build.sh tools; } > "$cache/build.log" 2>&1 &
 build=$!
+echo "images build (if needed) in the background: $cache/images-build.log" >&2
+timed "images build" python3 -m e2e.images > "$cache/images-build.log" 2>&1 &
+images=$!
 timed install bash requirements/install.sh >&2 || exit
 nice -n 10 .venv/bin/python -m pytest -n "${RLHF_TEST_WORKERS:-4}" --dist loadscope "$@"
 status=$?
-wait "$build"
+wait "$build" "$images"
 exit $status

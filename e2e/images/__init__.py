@@ -90,9 +90,13 @@ def ensure_toolchain() -> None:
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         sudo = [] if os.geteuid() == 0 else ["sudo"]
-        subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
-        subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *TOOLS], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        # One apt-get at a time: requirements/install.sh may run its own beside this (tests/run.sh), and apt's
+        # lists lock fails the second at once.
+        with open(STATE.parent / "apt.lock", "w") as apt_lock:
+            fcntl.flock(apt_lock, fcntl.LOCK_EX)
+            subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
+            subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *TOOLS], check=True,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     (STATE / "tmp").mkdir(parents=True, exist_ok=True)
     (STATE / "containers.conf").write_text(CONTAINERS_CONF)
     (STATE / "storage.conf").write_text(
