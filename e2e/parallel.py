@@ -20,11 +20,13 @@ carry it: its --dist loadgroup appends the group to `item._nodeid`, which pytest
 (a node's id is `_id`), so every unit silently became its module and nothing limited the units
 that train.
 
-Order: while a build is pending (a fresh machine), the units that need none first (they run while the
-control plane and the images build); each part, or all units on a warm machine, longest first by the
-last run's times (RECORD, written by e2e/report.py), so that no long module starts last and keeps one worker busy after the others are done. A fresh clone (CI) has no
-RECORD: it reads SEED, a whole run's RECORD committed beside this file (copy it there after a change
-that moves a unit's time by minutes).
+Order: longest first by the last run's times (RECORD, written by e2e/report.py), so that no long unit
+starts last and keeps one worker busy after the others are done. A fresh clone (CI) has no RECORD: it
+reads SEED, a whole run's RECORD committed beside this file (copy it there after a change that moves a
+unit's time by minutes). While a build is pending (a fresh machine: the control plane, the images), a
+unit with a test that needs it is named WAITS + ...: the scheduler passes it over until the builds are
+done, then hands it out in its place. (Ordered after every unit that needs no build, the longest of all,
+the pod runtime's group, waited for the ML units to end and ran alone for the last 25 minutes.)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import collections
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +49,8 @@ SHARED_FIXTURES = {"pod_runtime": "pod-runtime", "dev_cluster": "pod-runtime"}
 HEAVY_FIXTURES = {"local_ray", "ray_nodes", "toy_job", "smollm2_job", "pod_runtime", "dev_cluster"}
 TRAINS_MARK = "trains"  # a module that trains through none of them (its head pods run `rlhf run`: e2e/pods/head.py)
 TRAINS = "trains:"  # the name of a unit that trains (a test uses a HEAVY_FIXTURE) starts with this
+WAITS = "waits:"  # then this, for a unit that waits for a pending build
+BUILD_CHECK_SECONDS = 10  # how often the scheduler looks whether the builds are done, while they are not
 ML_SLOTS = int(os.environ.get("RLHF_ML_SLOTS", "2"))
 RECORD = "suite-modules.json"  # under the cache dir: {unit of work: seconds it took last time}
 SEED = Path(__file__).with_name("suite-times.json")  # a whole run's RECORD, for a fresh clone
@@ -92,22 +97,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     units = {item.nodeid: shared_group(item) or module_of(item.nodeid) for item in items}
     training = {units[item.nodeid] for item in items
                 if HEAVY_FIXTURES & fixtures(item) or item.get_closest_marker(TRAINS_MARK)}
-    units = {nodeid: TRAINS + unit if unit in training else unit for nodeid, unit in units.items()}
+    waiting = builds_pending() and {units[item.nodeid] for item in items if needs_build(item) or needs_images(item)}
+    units = {nodeid: (TRAINS if unit in training else "") + (WAITS if waiting and unit in waiting else "") + unit
+             for nodeid, unit in units.items()}
     if path := os.environ.get(UNITS_ENV):  # for the controller's scheduler; every worker writes the same
         written = Path(f"{path}.{os.getpid()}")
         written.write_text(json.dumps(units))
         written.replace(path)
-    waits: dict[str, bool] = {}  # a unit of work waits for a build if any of its tests does
-    pending = builds_pending()
-    for item in items:
-        waits[units[item.nodeid]] = waits.get(units[item.nodeid], False) or pending and (
-            needs_build(item) or needs_images(item))
     # The record is by module (reports carry no group): a unit takes as long as its modules together.
     took, modules = last_times(), collections.defaultdict(set)
     for item in items:
         modules[units[item.nodeid]].add(module_of(item.nodeid))
     seconds = {unit: sum(took.get(module, 0) for module in unit_modules) for unit, unit_modules in modules.items()}
-    items.sort(key=lambda item: (waits[u := units[item.nodeid]], -seconds[u], u))
+    items.sort(key=lambda item: (-seconds[u := units[item.nodeid]], u))
+
+
+def trains(unit: str) -> bool:
+    return unit.startswith(TRAINS)
+
+
+def waits(unit: str) -> bool:
+    return unit.removeprefix(TRAINS).startswith(WAITS)
 
 
 def fixtures(item: pytest.Item) -> set[str]:
@@ -122,6 +132,7 @@ class ModuleOrGroupScheduling(LoadScopeScheduling):
         config.option.loadscopereorder = False  # xdist's default orders units by their number of tests
         super().__init__(config, log)
         self.units: dict[str, str] | None = None  # read once every worker has collected
+        self.builds_done, self.next_build_check = not builds_pending(), 0.0
 
     def _split_scope(self, nodeid: str) -> str:
         if self.units is None:
@@ -131,21 +142,28 @@ class ModuleOrGroupScheduling(LoadScopeScheduling):
 
     def _trains(self, node: object) -> bool:
         """The worker has a unit that trains with tests left (running, or queued behind others)."""
-        return any(unit.startswith(TRAINS) and not all(tests.values())
+        return any(trains(unit) and not all(tests.values())
                    for unit, tests in self.assigned_work.get(node, {}).items())
+
+    def _builds_are_done(self) -> bool:
+        if not self.builds_done and time.monotonic() >= self.next_build_check:
+            self.builds_done, self.next_build_check = builds_current(), time.monotonic() + BUILD_CHECK_SECONDS
+        return self.builds_done
 
     def _assign_work_unit(self, node: object) -> None:
         """The first unit in the queue, passing over those that train while ML_SLOTS other workers train:
         a worker without a slot runs the units that need none instead of waiting. A worker that trains
         already may take another such unit: it runs its units one after another. (It must: an xdist
         worker runs its last test only once it is sent the next, so a worker left holding the last test
-        of its unit that trains would keep that slot, and the suite would stop.)"""
+        of its unit that trains would keep that slot, and the suite would stop.) Units that wait for a
+        build are passed over until it is done, unless nothing else is left."""
         may_train = self._trains(node) or sum(self._trains(other) for other in self.nodes if other is not node) < ML_SLOTS
-        for unit in self.workqueue:
-            if not unit.startswith(TRAINS) or may_train:
-                self.workqueue.move_to_end(unit, last=False)
-                super()._assign_work_unit(node)
-                return
+        allowed = [unit for unit in self.workqueue if not trains(unit) or may_train]
+        if not self._builds_are_done():
+            allowed = [unit for unit in allowed if not waits(unit)] or allowed
+        if allowed:
+            self.workqueue.move_to_end(allowed[0], last=False)
+            super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: object, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)

@@ -1,8 +1,8 @@
-"""The suite's own order: on a fresh machine the control plane and the images build while the tests that
-need neither run, so every unit of work (a module, or a group of e2e/parallel.py) with a test that needs
-one (the control_plane fixture, build.sh's tools through binaries.built marked needs_build, an image
-fixture) comes after all units that need none while a build is pending; a unit's tests stay together, for their module's
-fixtures. One that ran build.sh unmarked waited on the build's lock inside its timeout
+"""The suite's own order: units of work (a module, or a group of e2e/parallel.py) longest first; on a fresh
+machine the control plane and the images build while the tests that need neither run, so every unit with
+a test that needs one (the control_plane fixture, build.sh's tools through binaries.built marked
+needs_build, an image fixture) is passed over until they are built; a unit's tests stay together, for
+their module's fixtures. One that ran build.sh unmarked waited on the build's lock inside its timeout
 (tests/test_monitoring.py did, on a fresh machine)."""
 
 from __future__ import annotations
@@ -22,34 +22,56 @@ from e2e.controlplane import binaries
 from e2e.fixtures import needs_build, needs_images
 
 
-def test_units_that_need_a_build_run_after_all_that_do_not_while_a_build_is_pending(request, monkeypatch):
+def test_while_a_build_is_pending_the_units_that_need_it_are_named_so_and_all_go_longest_first(
+        request, monkeypatch, tmp_path):
     monkeypatch.setenv(parallel.BUILDS_PENDING_ENV, "1")
-    monkeypatch.delenv(parallel.UNITS_ENV, raising=False)
+    monkeypatch.setenv(parallel.UNITS_ENV, str(tmp_path / "units.json"))
     items = list(request.session.items)
     parallel.pytest_collection_modifyitems(items)
-    units = [parallel.module_of(item.nodeid) for item in items]
+    named = json.loads(Path(os.environ[parallel.UNITS_ENV]).read_text())
+    units = [named[item.nodeid] for item in items]
     waiting = {unit for item, unit in zip(items, units, strict=True) if needs_build(item) or needs_images(item)}
-    order = [unit in waiting for unit in units]
-    assert order == sorted(order), [unit for unit in dict.fromkeys(units) if unit in waiting][:5]
+    assert all(parallel.waits(unit) for unit in waiting)
+    assert not any(parallel.waits(unit) for unit in set(units) - waiting)
+    parallel.pytest_collection_modifyitems([Item("e2e/a.py::t", "control_plane"), Item("e2e/b.py::t", "pod_runtime", "trainer_image"),
+                                            Item("tests/c.py::t", "local_ray"), Item("tests/d.py::t")])
+    assert json.loads(Path(os.environ[parallel.UNITS_ENV]).read_text()) == {
+        "e2e/a.py::t": f"{parallel.WAITS}e2e/a.py", "e2e/b.py::t": f"{parallel.TRAINS}{parallel.WAITS}pod-runtime",
+        "tests/c.py::t": f"{parallel.TRAINS}tests/c.py", "tests/d.py::t": "tests/d.py"}
+    times = parallel.last_times()
+    seconds = [sum(times.get(m, 0) for m in {parallel.module_of(i.nodeid) for i, u in zip(items, units) if u == unit})
+               for unit in dict.fromkeys(units)]
+    assert seconds == sorted(seconds, reverse=True)
     assert all(units[i] == units[i - 1] or units[i] not in units[:i] for i in range(1, len(units))), "a unit split"
     unmarked = [item.nodeid for item in items
                 if not needs_build(item) and getattr(item.module, "built", None) is binaries.built]
     assert unmarked == []
 
 
-@pytest.mark.parametrize("pending", [True, False], ids=["a-build-pending", "warm"])
-def test_on_a_warm_machine_the_longest_unit_goes_first_whatever_it_needs(monkeypatch, tmp_path, pending):
-    """The pod runtime's group needs the images and is the longest of all: on a warm machine (nothing to
-    build, as CI's) it went out after every unit that needs no build and ended the suite alone."""
-    monkeypatch.setattr(parallel, "SEED", tmp_path / "none.json")
-    monkeypatch.setenv("RLHF_CACHE", str(tmp_path))
-    monkeypatch.setenv(parallel.BUILDS_PENDING_ENV, "1" if pending else "0")
-    monkeypatch.delenv(parallel.UNITS_ENV, raising=False)
-    (tmp_path / parallel.RECORD).write_text(parallel.json.dumps({"tests/a.py": 300, "e2e/pods.py": 1400}))
-    items = [Item("tests/a.py::t", "local_ray"), Item("e2e/pods.py::t", "pod_runtime", "control_plane")]
-    parallel.pytest_collection_modifyitems(items)
-    first = "tests/a.py::t" if pending else "e2e/pods.py::t"
-    assert items[0].nodeid == first
+def test_units_that_wait_for_a_build_go_out_in_their_place_once_it_is_done(pytestconfig, monkeypatch):
+    """While the control plane and the images build, the workers get the units that need neither; once
+    both are built, the longest unit that waited goes out next. (Ordered after every unit that needs no
+    build, the longest of all, the pod runtime's group, started 75 minutes into a fresh machine's run.)"""
+    monkeypatch.setattr(parallel, "ML_SLOTS", 2)
+    monkeypatch.setattr(parallel, "BUILD_CHECK_SECONDS", 0)
+    monkeypatch.setenv(parallel.BUILDS_PENDING_ENV, "1")
+    built = []
+    monkeypatch.setattr(parallel, "builds_current", lambda: bool(built))
+    monkeypatch.setattr(pytestconfig.option, "tx", ["2*popen"], raising=False)
+    scheduler = parallel.ModuleOrGroupScheduling(pytestconfig)
+    pods = "e2e/pods.py::test_0"
+    scheduler.units = {pods: parallel.TRAINS + parallel.WAITS + "e2e/pods.py"}  # as the workers write them
+    collection = [pods] + [f"t/test_{n}.py::test_0" for n in range(6)]  # the longest first
+    workers = [Worker(name) for name in "xy"]
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    sent = [index for worker in workers for index in worker.sent]
+    assert 0 not in sent and len(sent) == 4  # each worker has two units, none of them the one that waits
+    built.append(True)
+    scheduler._assign_work_unit(workers[0])
+    assert workers[0].sent[-1] == 0
 
 
 class Worker:
@@ -175,6 +197,7 @@ def test_a_module_marked_trains_is_a_unit_that_trains(monkeypatch, tmp_path):
     make a unit one that trains; their mark does (they ran beside two training units, four at once)."""
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path))
     monkeypatch.setenv(parallel.UNITS_ENV, str(tmp_path / "units.json"))
+    monkeypatch.setenv(parallel.BUILDS_PENDING_ENV, "0")
     marked = Item("e2e/head.py::t", "control_plane")
     marked.add_marker(parallel.pytest.mark.trains)
     parallel.pytest_collection_modifyitems([marked, Item("e2e/plain.py::t", "control_plane")])
