@@ -1,6 +1,7 @@
 """What keeps a run lean: the vLLM KV cache sized from the job (kv_cache_bytes) and holding a whole
 rollout, a local Ray node without the processes a run does not use (run._start_local_ray), and the
-actor's and reference's log-prob passes run at once with the results of running them one by one."""
+actor's and reference's log-prob passes run at once with the results of running them one by one, in
+ranks whose DeepSpeed import left MLflow out."""
 
 from __future__ import annotations
 
@@ -82,6 +83,13 @@ def test_log_probs_of_actor_and_reference_at_once_equal_one_after_the_other(tiny
         assert scored.values is None and scored.teacher is None
         torch.testing.assert_close(scored.actor, one_by_one[0], rtol=0, atol=0)
         torch.testing.assert_close(scored.reference, one_by_one[1], rtol=0, atol=0)
+
+        # DeepSpeed, loaded in every rank, did not import MLflow (installed here: the tracking extra).
+        def mlflow_seen(worker):
+            from deepspeed.autotuning import autotuner
+            return sys.modules.get("mlflow", "never imported"), autotuner.has_mlflow
+        seen = ray.get([w.__ray_call__.remote(mlflow_seen) for group in groups.values() for w in group.workers])
+        assert seen == [(None, False)] * 2
     finally:
         for group in groups.values():
             for worker in group.workers:

@@ -16,9 +16,11 @@ through ModelGroup.base_model_view): the same ranks, adapters switched off.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from contextlib import nullcontext
 
+import ray
 import torch
 from torch import Tensor
 
@@ -33,6 +35,12 @@ from .threads import share_the_cores
 
 class ModelWorker:
     def __init__(self, rank: int, world_size: int):
+        # DeepSpeed's autotuner imports MLflow wherever it is installed (the image's tracking extra): 1.5 of the
+        # ~5 CPU-seconds of each rank's DeepSpeed import, for a tool no rank uses (the trackers report from the
+        # driver). None in sys.modules makes that import fail as if MLflow were absent: only in an actor's own
+        # process, not in one that runs a rank in-process (a test) and may use MLflow later.
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id():
+            sys.modules.setdefault("mlflow", None)
         self.rank, self.world_size = rank, world_size
         self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
         self.sync_store = None  # rank 0: the weight sync's store (open_weight_sync)
