@@ -20,7 +20,6 @@ import sys
 import warnings
 from contextlib import nullcontext
 
-import ray
 import torch
 from torch import Tensor
 
@@ -38,8 +37,10 @@ class ModelWorker:
         # DeepSpeed's autotuner imports MLflow wherever it is installed (the image's tracking extra): 1.5 of the
         # ~5 CPU-seconds of each rank's DeepSpeed import, for a tool no rank uses (the trackers report from the
         # driver). None in sys.modules makes that import fail as if MLflow were absent: only in an actor's own
-        # process, not in one that runs a rank in-process (a test) and may use MLflow later.
-        if ray.is_initialized() and ray.get_runtime_context().get_actor_id():
+        # process, not in one that runs a rank in-process (a test, the GPU check) and may use MLflow later. Ray is
+        # looked up, not imported: a process without it (the GPU check) runs no actor and stays without it.
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id():
             sys.modules.setdefault("mlflow", None)
         self.rank, self.world_size = rank, world_size
         self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
