@@ -1,5 +1,5 @@
-"""The suite's time by phase, its slowest modules and the machine's peak memory, printed at its end, so
-that a change that costs minutes is seen at once (measured, never asserted).
+"""The suite's time by phase, its slowest modules, the machine's peak memory and least free disk, printed at
+its end, so that a change that costs minutes is seen at once (measured, never asserted).
 
 Phases: what tests/run-suite.sh timed before and beside pytest (the install, each build; lines
 "<phase> <seconds>" in the file RLHF_SUITE_TIMES names) and the tests by kind: unit (tests/), ML
@@ -32,12 +32,14 @@ def phase_of(nodeid: str) -> str:
     return "e2e" if nodeid.startswith("e2e/") else "unit"
 
 
-class MemoryPeak:
-    """The most memory in use on the machine (MemTotal - MemAvailable), sampled every second."""
+class MachineUse:
+    """The most memory in use on the machine (MemTotal - MemAvailable) and the least disk free where the caches
+    are (a run that fills the disk fails everywhere at once), sampled every second."""
 
     def __init__(self) -> None:
         self.peak = 0
         self.total = self._meminfo()["MemTotal"]
+        self.least_free_disk = self._free_disk()
         self.stopped = threading.Event()
         threading.Thread(target=self._sample, daemon=True, name="memory-peak").start()
 
@@ -46,10 +48,19 @@ class MemoryPeak:
         fields = (line.split() for line in Path("/proc/meminfo").read_text().splitlines())
         return {f[0].rstrip(":"): int(f[1]) * 1024 for f in fields}
 
+    @staticmethod
+    def _free_disk() -> int:
+        folder = cache_dir()
+        while not folder.exists():
+            folder = folder.parent
+        stat = os.statvfs(folder)
+        return stat.f_bavail * stat.f_frsize
+
     def _sample(self) -> None:
         while not self.stopped.wait(1):
             info = self._meminfo()
             self.peak = max(self.peak, info["MemTotal"] - info["MemAvailable"])
+            self.least_free_disk = min(self.least_free_disk, self._free_disk())
 
 
 def cpu_times() -> tuple[int, int]:
@@ -67,7 +78,7 @@ def _widen(spans: dict[str, list[float]], key: str, start: float, end: float) ->
 class SuiteReport:
     def __init__(self) -> None:
         self.started = time.monotonic()
-        self.memory = MemoryPeak()
+        self.machine = MachineUse()
         self.spans: dict[str, list[float]] = {}  # phase -> [first start, last end], seconds since started
         self.summed: collections.Counter[str] = collections.Counter()
         self.tests: collections.Counter[str] = collections.Counter()
@@ -98,7 +109,7 @@ class SuiteReport:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter) -> Iterator[None]:
         yield
-        self.memory.stopped.set()
+        self.machine.stopped.set()
         write = terminalreporter.write_line
         terminalreporter.section("suite time by phase")
         times = os.environ.get("RLHF_SUITE_TIMES")
@@ -113,7 +124,8 @@ class SuiteReport:
                 write(f"{phase + ' tests':<28} {last - first:8.0f} s wall ({first:.0f}-{last:.0f} s into pytest), "
                       f"{self.summed[phase]:.0f} s summed over {self.tests[phase]} tests")
         write(f"{'pytest':<28} {time.monotonic() - self.started:8.0f} s wall, {workers or 1} worker(s)")
-        write(f"peak memory in use: {self.memory.peak / 2**30:.1f} GiB of {self.memory.total / 2**30:.1f} GiB")
+        write(f"peak memory in use: {self.machine.peak / 2**30:.1f} GiB of {self.machine.total / 2**30:.1f} GiB")
+        write(f"least free disk: {self.machine.least_free_disk / 2**30:.1f} GiB (where {cache_dir()} is)")
         busy, total = (end - start for start, end in zip(self.cpu, cpu_times()))
         write(f"CPU busy: {busy / max(total, 1) * os.cpu_count():.1f} of {os.cpu_count()} cores on average")
         terminalreporter.section(f"slowest {SLOWEST_MODULES} modules (setup and teardown included)")

@@ -10,6 +10,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 cache=${RLHF_CACHE:-$HOME/.cache/rlhf-operator}
 mkdir -p "$cache"
+# A fresh machine's run keeps about 20 GB here (the venv ~7.5, the images ~8, models and binaries ~1) and Go's
+# modules ~3 GB in GOPATH; one that fills the disk errors everywhere at once (the report's last lines say how low
+# free space went).
+free_gb=$(df -P -BG "$cache" | awk 'NR == 2 { print int($4) }')
+(( free_gb >= 30 )) || echo "warning: ${free_gb} GB free where $cache is; a run with empty caches needs about 30 GB (free some, or set RLHF_CACHE to a roomier disk)" >&2
 export RLHF_SUITE_TIMES=$cache/suite-times.txt
 : > "$RLHF_SUITE_TIMES"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,5 @@ def test_the_reports_last_lines_name_what_failed_and_why(tmp_path):
     assert "2 failed or errored" in tail[0], result.stdout[-3000:]
     assert tail[1].startswith("test_mixed.py::test_fails (call): AssertionError: one is not two"), tail
     assert tail[2] == "test_mixed.py::test_errors (setup): RuntimeError: the fixture broke", tail
+    # The disk where the caches are (not made yet: its nearest existing folder's), with the memory's peak.
+    assert re.search(r"^least free disk: \d+\.\d GiB \(where .*/cache is\)$", result.stdout, re.MULTILINE), result.stdout
