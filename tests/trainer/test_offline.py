@@ -21,7 +21,7 @@ from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import EXIT_INVALID, run, run_pipeline
 from rlhf_trainer.data import conditioned
-from rlhf_trainer.tiny import TOY_LETTERS, toy_prompts
+from rlhf_trainer.tiny import TOY_LETTERS, one_letter_task, toy_prompts
 from rlhf_trainer.workers.engine import position_ids
 
 pytestmark = pytest.mark.timeout(600)
@@ -313,9 +313,7 @@ def test_grpo_against_the_reward_model_its_pipeline_trained_learns_the_task(
     model has no reason to prefer "a")."""
     stages = tmp_path / "pipeline"
     stages.mkdir()
-    asked = [r for r in toy_prompts(512, seed=4) if r["label"] == "a"]
-    pairs = [{"prompt": r["prompt"], "chosen": "aaaa", "rejected": wrong * 4 if i % 2 else "aa" + wrong * 2}
-             for i, r in enumerate(asked) for wrong in "bcd"]
+    asked, pairs = one_letter_task("a")
     rm = _stage(_write_job(tmp_path, tiny_reward_model, "rm", "preferences", pairs,
                            learningRate=1.0e-3, epochs=1, maxSteps=16), "letters-rm")
     shutil.copy(tmp_path / "data.jsonl", stages)

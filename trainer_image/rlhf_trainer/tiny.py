@@ -83,6 +83,17 @@ def toy_prompts(count: int = 256, seed: int = 0) -> list[dict[str, str]]:
     return records
 
 
+def one_letter_task(letter: str = "a", seed: int = 4) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The toy task narrowed to one letter, which a tiny reward model learns to prefer in a few steps: the
+    prompts that ask for it (of toy_prompts(512, seed)) and preference pairs over them, the letter four
+    times chosen against another letter four times or half and half."""
+    prompts = [record for record in toy_prompts(512, seed=seed) if record["label"] == letter]
+    others = [other for other in TOY_LETTERS if other != letter]
+    pairs = [{"prompt": record["prompt"], "chosen": letter * 4, "rejected": other * 4 if i % 2 else letter * 2 + other * 2}
+             for i, record in enumerate(prompts) for other in others]
+    return prompts, pairs
+
+
 def _corpus(vocab_size: int) -> list[str]:
     """Text the tokenizer is trained on: the toy prompts and answers and the chat roles, which fill the
     tiny vocabulary, and for a larger one a pseudo-word (a syllable string, in the text twice so that
