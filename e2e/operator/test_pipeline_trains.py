@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,12 @@ def test_a_stage_trains_on_from_the_model_the_stage_it_names_exported(
     assert trained_on < from_base, (trained_on, from_base)
 
 
+def _took(job: dict) -> float:
+    """A job's time from status.startTime to status.completionTime, in seconds (whole ones: RFC 3339)."""
+    start, end = (datetime.fromisoformat(job["status"][key]) for key in ("startTime", "completionTime"))
+    return (end - start).total_seconds()
+
+
 def _jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     return path
@@ -133,6 +140,8 @@ def test_a_grpo_stage_learns_the_task_from_the_reward_model_the_stage_it_names_t
     metrics = [json.loads(line) for line in
                (checkpoints / "letters-grpo" / "logs" / "metrics.jsonl").read_text().splitlines()]
     task = [m[f"reward/{letter['name']}"] for m in metrics]
+    took = {name: _took(get_job(kube, namespace, name)) for name in ("letters-rm", "letters-grpo")}
     with capsys.disabled():
-        print(f"\npipeline rm -> grpo: task reward per step {[round(r, 3) for r in task]}")
+        print(f"\npipeline rm -> grpo: task reward per step {[round(r, 3) for r in task]}; seconds from each "
+              f"stage's start to its completion {took}")
     assert len(task) == GRPO_STEPS and sum(task[-5:]) / 5 > sum(task[:5]) / 5 + GRPO_GAIN, task
