@@ -97,6 +97,8 @@ USES_CRITIC: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "critic" in a.
 USES_TEACHER: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "teacher" in a.roles)
 # Online algorithms whose training signal is a reward (a teacher's is not: its reward only adds to it).
 NEEDS_REWARD: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online and "teacher" not in a.roles)
+# Algorithms that load a reference whatever training.kl says (the other online ones load one for a KL penalty).
+ALWAYS_REFERENCED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "reference" in a.roles)
 CONDITIONED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.conditioned)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 # Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.

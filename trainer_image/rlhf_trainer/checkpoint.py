@@ -1,5 +1,6 @@
 """Checkpoints of a run: `<root>/step-<N>/` holding a DeepSpeed checkpoint per trained model group
-(`actor/`, `critic/` or `rm/`: weights, optimizer and scheduler state) and `trainer_state.json` (the
+(`actor/`, `critic/` or `rm/`: weights, optimizer and scheduler state), the weights of the frozen groups
+that a run changes (`reference/` of training.referenceRefresh, in Hugging Face format) and `trainer_state.json` (the
 step and the data loader's position, under "prompts" or "data": loop.RunLoop.data_key). The state
 file is written last, so a directory without it is an interrupted save and is never resumed from.
 The newest `keep` checkpoints are kept.
@@ -93,13 +94,15 @@ def latest(root: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def save(root: Path, step: int, groups: dict, state: dict[str, Any], keep: int) -> Path:
-    """Write the groups' DeepSpeed checkpoints, then the trainer state; drop all but the newest `keep`."""
+def save(root: Path, step: int, groups: dict, state: dict[str, Any], keep: int, frozen: dict | None = None) -> Path:
+    """Write the groups' DeepSpeed checkpoints and the `frozen` groups' weights, then the trainer state; drop all
+    but the newest `keep`."""
     path = step_dir(root, step)
     if path.exists():
         shutil.rmtree(path)  # an interrupted save of this very step
     path.mkdir(parents=True)
-    ray.get([ref for role, group in groups.items() for ref in group.call("save_checkpoint", str(path), role)])
+    ray.get([ref for role, group in groups.items() for ref in group.call("save_checkpoint", str(path), role)] +
+            [ref for role, group in (frozen or {}).items() for ref in group.call("save_pretrained", str(path / role))])
     if os.environ.get(CRASH_IN_SAVE_ENV) == str(step):
         os._exit(CRASH_EXIT_CODE)
     temporary = path / f"{STATE_FILE}.tmp"
@@ -109,9 +112,11 @@ def save(root: Path, step: int, groups: dict, state: dict[str, Any], keep: int) 
     return path
 
 
-def load(path: Path, groups: dict) -> dict[str, Any]:
-    """Restore the groups from a checkpoint directory; returns the trainer state (with "step")."""
-    ray.get([ref for role, group in groups.items() for ref in group.call("load_checkpoint", str(path), role)])
+def load(path: Path, groups: dict, frozen: dict | None = None) -> dict[str, Any]:
+    """Restore the groups (and the `frozen` groups' weights) from a checkpoint directory; returns the trainer
+    state (with "step")."""
+    ray.get([ref for role, group in groups.items() for ref in group.call("load_checkpoint", str(path), role)] +
+            [ref for role, group in (frozen or {}).items() for ref in group.call("load_weights", str(path / role))])
     return json.loads((path / STATE_FILE).read_text())
 
 

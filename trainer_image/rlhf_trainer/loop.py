@@ -112,6 +112,11 @@ class RunLoop(ABC):
         """Every group with an optimizer (the actor or rm, and the critic): what a checkpoint holds."""
         return {role: group for role, group in self.groups.items() if role in TRAINED_ROLES}
 
+    @property
+    def changed_frozen_groups(self) -> dict[str, ModelGroup]:
+        """Groups without an optimizer whose weights the run changes: a checkpoint holds their weights too."""
+        return {}
+
     def _actors(self) -> list:
         """This run's Ray actors: every rank of every model group."""
         return [worker for group in self.groups.values() for worker in group.workers]
@@ -186,7 +191,7 @@ class RunLoop(ABC):
 
     def _save(self, data_position: dict) -> None:
         path = checkpoint.save(self.checkpoint_dir, self.step, self.trained_groups, {self.data_key: data_position},
-                               keep=self.spec.checkpoint.keep)
+                               keep=self.spec.checkpoint.keep, frozen=self.changed_frozen_groups)
         self.reporter.checkpoint(self.step, str(path))
 
     def _resume(self) -> bool:
@@ -194,7 +199,7 @@ class RunLoop(ABC):
         path = checkpoint.latest(self.checkpoint_dir) if self.spec.checkpoint.resume else None
         if path is None:
             return False
-        state = checkpoint.load(path, self.trained_groups)
+        state = checkpoint.load(path, self.trained_groups, self.changed_frozen_groups)
         self.step = state["step"]
         self.data.load_state_dict(state[self.data_key])
         log.info("resumed from %s at step %d", path, self.step)

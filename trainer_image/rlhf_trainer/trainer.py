@@ -16,7 +16,8 @@ Each step, as in OpenRLHF's PPO trainer:
 6. training.epochs shuffled passes over micro-batches, for the actor (the policy loss the catalogue
    names) and (ppo) the critic, at the same time (`_train`; the steps are workers/objectives.py's; each micro-batch
    carries its optimizer step's token count, which token-mean divides by);
-7. the actor's new weights to every vLLM engine (`_sync_weights`);
+7. the actor's new weights to every vLLM engine (`_sync_weights`), and with training.referenceRefresh every
+   intervalSteps the reference moved to the policy (`_refresh_reference`);
 8. metrics to the reporters, and a checkpoint every checkpoint.intervalSteps (loop.RunLoop, the
    loop this trainer shares with the offline one).
 
@@ -208,6 +209,9 @@ class Trainer(RunLoop):
                 metrics.update(self._train(experience))
             with self.timer.phase("weight_sync"):
                 self._wake_and_sync(step)
+            if self.changed_frozen_groups and step % self.training.reference_refresh.interval_steps == 0:
+                with self.timer.phase("reference_refresh"):
+                    self._refresh_reference()
             metrics["update_seconds"] = time.perf_counter() - started
             if self.evaluation and self.evaluation.due(step, self.total_steps):
                 with self.timer.phase("evaluation", split=False):
@@ -290,6 +294,18 @@ class Trainer(RunLoop):
             self._engines_wake(["weights"])
         self._sync_weights(version)
         self._engines_wake(["kv_cache"])
+
+    @property
+    def changed_frozen_groups(self) -> dict[str, ModelGroup]:
+        """The reference, when training.referenceRefresh moves it."""
+        return {"reference": self.groups["reference"]} if self.training.reference_refresh.interval_steps else {}
+
+    def _refresh_reference(self) -> None:
+        """training.referenceRefresh (TR-DPO): the reference to alpha * policy + (1 - alpha) * reference, the
+        policy's weights gathered on the actor's rank 0 and handed to every reference rank by Ray's object store."""
+        policy = self.actor.call("full_weights")  # rank 0's is the state dict; the other ranks' None
+        alpha = self.training.reference_refresh.mixup_alpha
+        ray.get(self.groups["reference"].call("blend_weights", policy[0], alpha) + policy[1:])
 
     # -- 2-5. experience -------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from .tracking import TrackingSpec
 
 Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
 ONLINE = cel_list(algorithms.ONLINE)
+NO_REFRESH = ("!has(self.training.referenceRefresh) || !has(self.training.referenceRefresh.intervalSteps) || "
+              "self.training.referenceRefresh.intervalSteps == 0")
 # The defaults that follow from spec.algorithm (RLHFJobSpec._algorithm_defaults): a CRD default is a
 # constant, so the CRD leaves them unset and the chart's algorithm-defaults policy fills them in.
 ALGORITHM_DEFAULTS = tuple(("training", name) for name in algorithms.TRAINING_DEFAULTS)
@@ -119,6 +121,17 @@ class RLHFJobSpec(APIModel):
         ("self.training.colocation != 'all' || self.resources.gpusPerNode == 0 || self.rollout.engines * self.rollout.tensorParallelSize <= self.resources.nodes * self.resources.gpusPerNode",
          "with colocation all, the vLLM engines share the GPUs: engines * tensorParallelSize must fit in nodes * gpusPerNode",
          ".rollout.engines"),
+        (f"{NO_REFRESH} || self.algorithm in {ONLINE}",
+         "training.referenceRefresh moves an online run's reference during training; offline algorithms do not "
+         "refresh theirs: remove training.referenceRefresh", ".training.referenceRefresh.intervalSteps"),
+        (f"{NO_REFRESH} || self.algorithm in {cel_list(algorithms.ALWAYS_REFERENCED)} || "
+         "!has(self.training.kl) || !has(self.training.kl.coef) || self.training.kl.coef > 0.0",
+         "training.referenceRefresh has no reference to refresh: set training.kl.coef above 0 (the KL penalty loads "
+         "the reference) or remove training.referenceRefresh", ".training.referenceRefresh.intervalSteps"),
+        (f"{NO_REFRESH} || !has(self.models.actor.lora) || has(self.models.reference)",
+         "a LoRA actor's reference is its own frozen base (the adapters switched off), which a refresh would "
+         "overwrite: set models.reference to load a reference of its own, or remove training.referenceRefresh",
+         ".training.referenceRefresh.intervalSteps"),
         ("!has(self.rollout.partial) || !self.rollout.partial || self.training.asyncQueueSize > 0",
          "partial rollouts pause rollouts that run ahead of training: set training.asyncQueueSize to 1 or more, "
          "or remove rollout.partial", ".rollout.partial"),

@@ -96,6 +96,15 @@ class KLSpec(APIModel):
     """reward: subtract coef*KL from each token's reward (InstructGPT); loss: add coef*KL to the policy loss (GRPO; with k2 or k3)."""
 
 
+class ReferenceRefreshSpec(APIModel):
+    """The reference moved to the policy as training goes (TR-DPO, Gorbatovski et al. 2024, arXiv:2404.09656; TRL's sync_ref_model): the KL penalty, or online-dpo's implicit reward, then anchors to a recent policy instead of the initial model."""
+
+    interval_steps: int = Field(0, ge=0)
+    """Refresh the reference after every this many steps (online algorithms with a reference; the refreshed reference is saved with each checkpoint, so a resumed run goes on from it). 0: never, the reference stays the model it loaded."""
+    mixup_alpha: float = Field(1.0, gt=0, le=1)
+    """Each refresh sets the reference to alpha * policy + (1 - alpha) * reference (TR-DPO's soft update); 1 copies the policy."""
+
+
 class PreferenceSpec(APIModel):
     """Hyperparameters of the offline preference losses."""
 
@@ -172,6 +181,8 @@ class TrainingSpec(APIModel):
     """Stop after this many rollout steps (online) or optimizer steps (offline)."""
     kl: KLSpec = section(KLSpec)
     """KL penalty against the reference model."""
+    reference_refresh: ReferenceRefreshSpec = section(ReferenceRefreshSpec)
+    """The reference moved to the policy every few steps instead of staying the initial model."""
     clip_eps: float | None = Field(None, gt=0, lt=1, description=(
         "Clip range epsilon of the importance ratio (PPO, Schulman et al. 2017)."
         + per_algorithm("clipEps")))

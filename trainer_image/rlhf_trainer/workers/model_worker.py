@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import warnings
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -135,6 +136,23 @@ class ModelWorker:
 
     def save_pretrained(self, directory: str) -> None:
         weights.save_pretrained(self.model, directory)
+
+    def full_weights(self) -> dict[str, Tensor] | None:
+        """The model's whole weights (merged, Hugging Face names) on rank 0, None on the others: what a reference
+        refresh (training.referenceRefresh) copies."""
+        return weights.state_dict(self.model)
+
+    def blend_weights(self, policy: dict[str, Tensor], alpha: float) -> None:
+        """A reference refresh: every weight to alpha * the policy's + (1 - alpha) * its own."""
+        weights.blend(self.model, policy, alpha)
+
+    def load_weights(self, directory: str) -> None:
+        """The weights save_pretrained wrote to `directory` (a refreshed reference, back from a checkpoint)."""
+        from safetensors.torch import load_file
+
+        saved = {name: tensor for file in sorted(Path(directory).glob("*.safetensors"))
+                 for name, tensor in load_file(file).items()}
+        weights.blend(self.model, saved, 1.0)
 
     def weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """(name, full shape) of each weight the sync sends, in its order (without a gather)."""

@@ -75,6 +75,23 @@ def state_dict(model: Model, dtype: torch.dtype | None = None) -> dict[str, Tens
     return weights if model.rank == 0 else None
 
 
+def blend(model: Model, weights: dict[str, Tensor], alpha: float) -> None:
+    """Move every parameter to alpha * weights[name] + (1 - alpha) * itself (a reference refreshed from the
+    policy's state_dict, Hugging Face names); under ZeRO-3 rank 0's result goes to every shard. Every rank
+    must call it, each with the whole dict."""
+    import deepspeed
+
+    module = model.engine.module
+    missing = sorted(set(name for name, _ in module.named_parameters()) - weights.keys())
+    if missing:
+        raise ValueError(f"training.referenceRefresh: the policy has no weight {missing[0]} (and {len(missing) - 1} "
+                         "more) of the reference's; a refresh copies the policy's weights into the reference, so "
+                         "models.reference must be the actor's architecture")
+    for name, param in module.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=model.zero3):
+            param.data.lerp_(weights[name].to(param.device, param.dtype), alpha)
+
+
 def checksums(model: Model) -> dict[str, float]:
     """Sum of each full parameter as this rank sees it after the gather: equal on every rank of a healthy group."""
     return {name: tensor.double().sum().item() for name, tensor in named_full_parameters(model)}
