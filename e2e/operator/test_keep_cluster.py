@@ -90,4 +90,7 @@ def test_a_job_that_keeps_its_cluster_can_be_suspended_and_resumed(kube, namespa
                              f"status {ray_job.get('status')}") from None
     resumed = kube.get("RayJob", namespace, names.ray_job("paused"))["spec"]
     assert resumed["deletionStrategy"]["deletionRules"] and not resumed.get("shutdownAfterJobFinishes")
-    assert get_job(kube, namespace, "paused")["status"]["phase"] in ("Pending", "Provisioning")
+    # The job's phase follows the RayJob's status at the operator's next event: waited for, not read at once
+    # (a loaded whole run read Suspended here, before the operator had mirrored KubeRay's Initializing).
+    wait_for(lambda: get_job(kube, namespace, "paused")["status"]["phase"] in ("Pending", "Provisioning"), TIMEOUT,
+             "the resumed job's phase to leave Suspended")
