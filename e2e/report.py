@@ -41,7 +41,7 @@ class MachineUse:
         self.total = self._meminfo()["MemTotal"]
         self.least_free_disk = self._free_disk()
         self.stopped = threading.Event()
-        threading.Thread(target=self._sample, daemon=True, name="memory-peak").start()
+        threading.Thread(target=self._sample, daemon=True, name="machine-use").start()
 
     @staticmethod
     def _meminfo() -> dict[str, int]:

@@ -209,7 +209,8 @@ class Trainer(RunLoop):
                 metrics.update(self._train(experience))
             with self.timer.phase("weight_sync"):
                 self._wake_and_sync(step)
-            if self.changed_frozen_groups and step % self.training.reference_refresh.interval_steps == 0:
+            refresh = self.training.reference_refresh.interval_steps
+            if refresh and step % refresh == 0:
                 with self.timer.phase("reference_refresh"):
                     self._refresh_reference()
             metrics["update_seconds"] = time.perf_counter() - started
