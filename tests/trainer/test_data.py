@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 from rlhf_trainer.data import PromptDataset, PromptLoader, mix
+from rlhf_trainer.offline_data import OfflineDataset
 from rlhf_trainer.paths import local_path, resolve
 from rlhf_trainer.tiny import build_tokenizer
 
@@ -294,3 +295,62 @@ def test_paths_are_relative_to_the_job_file(tmp_path):
     assert resolve("./prompts.jsonl", tmp_path) == str(tmp_path / "prompts.jsonl")
     assert local_path("tiny/reward.py", tmp_path) == tmp_path / "tiny" / "reward.py"  # never a hub id
     assert local_path("/etc/rlhf/rewards/x.py", tmp_path) == Path("/etc/rlhf/rewards/x.py")
+
+
+# ------------------------------------------------------------------------- responses as whole chats
+
+
+def offline(tokenizer, folder: Path, file: str, response_keys=("chosen", "rejected"), **fields) -> OfflineDataset:
+    """The offline dataset of `file` as dpo (chosen, rejected) or sft ((outputKey,)) loads it."""
+    spec = DatasetSpec.model_validate({"sources": [{"path": file}], "shuffle": False, **fields})
+    return OfflineDataset.from_spec(spec, DataSpec(), tokenizer, response_keys=response_keys, base_dir=folder, seed=0,
+                                    name="preferences")
+
+
+def chat(*turns: str) -> list[dict]:
+    """Messages alternating user, assistant, ... from the first."""
+    return [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)]
+
+
+SYSTEM = [{"role": "system", "content": "Be brief."}]
+
+
+@pytest.mark.parametrize("form", ["chats only (OpenRLHF's preference mixtures)",
+                                  "chats beside the prompt's text (UltraFeedback)",
+                                  "the prompt, then chats of the response alone (TRL's explicit prompt)"])
+def test_preference_pairs_given_as_whole_chats_are_the_pairs_of_their_last_messages(tokenizer, tmp_path, form):
+    prompt = [*SYSTEM, *chat("Hi", "Hello!", "What is 2 + 2?")]
+    write_jsonl(tmp_path / "text.jsonl", [{"prompt": prompt, "chosen": "4", "rejected": "5"}])
+    record = {"chosen": [*prompt, *chat("", "4")[1:]], "rejected": [*prompt, *chat("", "5")[1:]]}
+    if form.startswith("chats beside"):
+        record["prompt"] = "What is 2 + 2?"  # the chats' prompt wins: this text lacks the turns before it
+    elif form.startswith("the prompt, then"):
+        record = {"prompt": prompt, "chosen": chat("", "4")[1:], "rejected": chat("", "5")[1:]}
+    write_jsonl(tmp_path / "chats.jsonl", [record])
+    [expected], [example] = offline(tokenizer, tmp_path, "text.jsonl"), offline(tokenizer, tmp_path, "chats.jsonl")
+    assert example == expected
+    assert tokenizer.decode(example.prompt_token_ids).endswith("What is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    assert [tokenizer.decode(r) for r in example.responses] == ["4<|im_end|>", "5<|im_end|>"]
+
+
+def test_sft_records_given_as_one_chat_train_its_last_message_after_the_others(tokenizer, tmp_path):
+    write_jsonl(tmp_path / "text.jsonl", [{"prompt": chat("Hi", "Hello!", "Bye"), "response": "See you"}])
+    write_jsonl(tmp_path / "chats.jsonl", [{"messages": chat("Hi", "Hello!", "Bye", "See you")}])
+    assert (offline(tokenizer, tmp_path, "chats.jsonl", ("messages",), outputKey="messages").items
+            == offline(tokenizer, tmp_path, "text.jsonl", ("response",)).items)
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ({"chosen": chat("Hi", "A"), "rejected": chat("Hello", "B")},
+     r"the chats of 'chosen' and 'rejected' differ before their last message: the messages before the response "
+     r"are the prompt, which a pair shares"),
+    ({"chosen": chat("Hi", "A"), "rejected": chat("Hi", "B", "C")},
+     r"'rejected' is a chat whose last message is the user's: the response must be the last message"),
+    ({"prompt": "Hi", "chosen": chat("Hi", "A"), "rejected": "B"},
+     r"'rejected' is not a chat while another response is: give 'chosen' and 'rejected' all as chats"),
+    ({"chosen": [], "rejected": chat("Hi", "B")}, r"'chosen' is not a chat while another response is"),
+])
+def test_chats_that_are_no_pair_are_refused_with_the_record_and_the_fix(tokenizer, tmp_path, record, message):
+    write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": "A", "rejected": "B"}, record])
+    with pytest.raises(ValueError, match=rf"data.preferences.sources\[0\] \(pairs.jsonl\) record 2: {message}"):
+        offline(tokenizer, tmp_path, "pairs.jsonl")

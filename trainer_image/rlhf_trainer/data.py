@@ -234,12 +234,12 @@ def _problem(record: Record, keys: dict[str, Check | None], spec: DatasetSpec, w
 
 
 def load_records(spec: DatasetSpec, tokenizer, keys: dict[str, Check | None], *, base_dir: Path, seed: int,
-                 field: str) -> list[dict]:
+                 field: str, prepare: Callable[[Record], Record] | None = None) -> list[dict]:
     """spec's sources read (paths relative to base_dir), mixed with seed and cut to maxSamples.
 
-    Every record must have each key of `keys` and pass its check; errors name the source, the record
-    (its number in its file, from 1; for .jsonl the n-th non-blank line) and the field. `field` is
-    where spec holds the dataset, e.g. data.prompts."""
+    Every record (after `prepare`, which may raise ValueError) must have each key of `keys` and pass its
+    check; errors name the source, the record (its number in its file, from 1; for .jsonl the n-th
+    non-blank line) and the field. `field` is where spec holds the dataset, e.g. data.prompts."""
     sources = []
     for i, source in enumerate(spec.sources):
         where = f"{field}.sources[{i}] ({source.path})"
@@ -250,6 +250,10 @@ def load_records(spec: DatasetSpec, tokenizer, keys: dict[str, Check | None], *,
         if not records:
             raise ValueError(f"{where} has no records: add some, or remove the source")
         for number, record in enumerate(records, 1):
+            try:
+                records[number - 1] = record = prepare(record) if prepare else record
+            except ValueError as error:
+                raise ValueError(f"{where} record {number}: {error}") from None
             if problem := _problem(record, keys, spec, field):
                 raise ValueError(f"{where} record {number}: {problem}")
         sources.append(records)

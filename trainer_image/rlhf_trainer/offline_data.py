@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -119,7 +120,8 @@ class OfflineDataset:
         keys = {spec.input_key: prompt_check(spec.apply_chat_template), **dict.fromkeys(response_keys, text_check),
                 **({flag_key: _flag_check} if flag_key else {}),
                 **({spec.score_key: score_check} if conditioned_on_score else {})}
-        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}")
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}",
+                               prepare=chats_split(spec.input_key, response_keys))
 
         values = [record[spec.input_key] for record in records]
         if conditioned_on_score:
@@ -145,6 +147,35 @@ class OfflineDataset:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)
         return cls(items)
+
+
+def chats_split(input_key: str, response_keys: tuple[str, ...]) -> Callable[[dict], dict]:
+    """A record's responses given as whole chats (lists of {"role", "content"} messages; the preference
+    data OpenRLHF reads without a prompt key, TRL's "implicit prompt" form) made prompt and text: each
+    response is its chat's last message, the assistant's, and the prompt (input_key) the messages before
+    it, which a pair's chats must share. That prompt replaces any the record has beside its chats (as
+    UltraFeedback's prompt text); a chat of the response alone keeps the record's prompt. Records whose
+    responses are text pass unchanged."""
+    def split(record: dict) -> dict:
+        chats = [record.get(key) for key in response_keys]
+        if not any(isinstance(chat, list) for chat in chats):
+            return record
+        for key, chat in zip(response_keys, chats):
+            if not (isinstance(chat, list) and chat and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
+                                                             for m in chat)):
+                raise ValueError(f"{key!r} is not a chat while another response is: give "
+                                 f"{' and '.join(map(repr, response_keys))} all as chats (lists of "
+                                 '{"role", "content"} messages) or all as text')
+            if chat[-1]["role"] != "assistant":
+                raise ValueError(f"{key!r} is a chat whose last message is the {chat[-1]['role']}'s: the response "
+                                 "must be the last message, the assistant's")
+        prompt = chats[0][:-1]
+        if any(chat[:-1] != prompt for chat in chats[1:]):
+            raise ValueError(f"the chats of {' and '.join(map(repr, response_keys))} differ before their last "
+                             "message: the messages before the response are the prompt, which a pair shares")
+        split = {**record, **{key: chat[-1]["content"] for key, chat in zip(response_keys, chats)}}
+        return {**split, input_key: prompt} if prompt else split
+    return split
 
 
 def _flag(value) -> bool | None:

@@ -40,11 +40,11 @@ class DatasetSpec(APIModel):
         f"Record key of each response's quality score, a number ({prose(algorithms.CONDITIONED)}: the prompt is "
         "conditioned on it, see data.scoreTemplate)."))
     output_key: str = Field("response", max_length=128)
-    """Record key of the target completion (sft)."""
+    """Record key of the target completion (sft): text, or a whole chat (a list of {"role", "content"} messages) whose last message, the assistant's, is the completion and the messages before it the prompt (in place of inputKey's)."""
     chosen_key: str = Field("chosen", max_length=128)
-    """Record key of the preferred completion (dpo, ipo, cdpo, rm)."""
+    """Record key of the preferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as for outputKey (OpenRLHF's preference datasets without a prompt key); a pair's chats share the messages before their last."""
     rejected_key: str = Field("rejected", max_length=128)
-    """Record key of the dispreferred completion (dpo, ipo, cdpo, rm)."""
+    """Record key of the dispreferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as chosenKey's."""
     apply_chat_template: bool = True
     """Render prompts with the tokenizer's chat template."""
     max_samples: int | None = Field(None, ge=1)
