@@ -4,8 +4,6 @@ several nodes (RayNodes), and bare TRL trainer objects for the tests that use TR
 from __future__ import annotations
 
 import collections
-import fcntl
-import hashlib
 import os
 import shlex
 import shutil
@@ -20,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from e2e.controlplane import cache_dir
+from e2e import hub
 from e2e.fixtures import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -220,20 +218,8 @@ def ray_nodes():
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
-    """SmolLM2-135M-Instruct converted from the pinned wheel's GGUF (rlhf smollm2-model), once per content
-    of the GGUF file and the converter: cached under RLHF_CACHE/models, shared by the workers and later runs
-    (read-only: the tests copy what they change)."""
-    import rlhf_trainer.pretrained as pretrained
-
-    key = hashlib.sha256(pretrained.gguf_path().read_bytes() + Path(pretrained.__file__).read_bytes()).hexdigest()[:16]
-    models = cache_dir() / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    model = models / f"smollm2-{key}"
-    with open(models / ".smollm2.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one conversion at a time; the others then find it made
-        if not model.exists():
-            pretrained.build_smollm2(model)  # written beside it and renamed: a directory that exists is whole
-    return model
+    """SmolLM2-135M-Instruct, converted offline once per content (e2e/hub.py)."""
+    return hub.smollm2()
 
 
 @pytest.fixture

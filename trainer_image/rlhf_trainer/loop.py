@@ -91,7 +91,10 @@ class RunLoop(ABC):
         self.groups = {role: ModelGroup(role, self.placement_group, self.placement,
                                         env=trained_env if role in TRAINED_ROLES else None)
                        for role, bundles in self.placement.ranks.items() if role != ROLLOUT and bundles}
-        setups = [ref for role, group in self.groups.items() for ref in group.setup(self._model_config(role, **config))]
+        configs = {role: self._model_config(role, **config) for role in self.groups}
+        for role, cfg in configs.items():  # a pipeline's stage shows which stage's model each role took
+            log.info("the %s model loads from %s", role, cfg.path)
+        setups = [ref for role, group in self.groups.items() for ref in group.setup(configs[role])]
         for role, owner in self.placement.shared.items():  # e.g. a LoRA actor's base as the reference
             self.groups[role] = self.groups[owner].base_model_view(role)
         return setups
