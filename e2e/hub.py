@@ -111,3 +111,19 @@ def example_pipeline(directory: Path, steps: int, checkpoints: str | None = None
         files.append(directory / example.name)
         files[-1].write_text(yaml.safe_dump(job, sort_keys=False))
     return files
+
+
+PIPELINE_STEPS = 2  # each stage of the example pipeline in the suite
+# stage -> {role: the stage whose final model it loads} (the example's fromJob references)
+PIPELINE_LOADS = {"pipeline-rm": {"rm": "pipeline-sft"},
+                  "pipeline-ppo": {"actor": "pipeline-sft", "reference": "pipeline-sft", "critic": "pipeline-rm",
+                                   "reward": "pipeline-rm"},
+                  "pipeline-dpo": {"actor": "pipeline-sft", "reference": "pipeline-sft"}}
+
+
+def weights_distance(a: Path, b: Path) -> float:
+    """The L2 distance between two saved causal LMs' weights (of one architecture)."""
+    from transformers import AutoModelForCausalLM
+
+    first, second = (AutoModelForCausalLM.from_pretrained(path).state_dict() for path in (a, b))
+    return sum(float((first[name] - second[name]).float().pow(2).sum()) for name in first) ** 0.5

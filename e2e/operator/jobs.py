@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -101,3 +102,9 @@ def touch_and_wait_reconciled(kube: Kube, namespace: str, name: str) -> None:
         return touched in annotations.get("rlhf.dev/last-handled-configuration", "")
 
     wait_for(handled, 30, f"the operator to handle an update of {name}")
+
+
+def took(job: dict[str, Any]) -> float:
+    """A finished job's time from status.startTime to status.completionTime, in seconds (whole ones: RFC 3339)."""
+    start, end = (datetime.fromisoformat(job["status"][key]) for key in ("startTime", "completionTime"))
+    return (end - start).total_seconds()

@@ -1,20 +1,19 @@
-"""Two-stage pipelines trained for real through the operator (head pods played by e2e/pods/head.py, as in
-test_end_to_end.py): both stages applied at once, the second (models.<role>.fromJob: the first) waits,
-then its head pod mounts the first stage's directory of the checkpoint claim and trains on from the
-model the first stage exported: a policy trained on, or a reward model scoring a GRPO stage."""
+"""A two-stage pipeline trained for real through the operator (head pods played by e2e/pods/head.py, as in
+test_end_to_end.py): both stages applied at once, the GRPO stage (models.reward.fromJob: the rm stage) waits,
+then its head pod mounts the rm stage's directory of the checkpoint claim and learns from the reward model
+found there. test_pipeline_example.py runs the example's four stages, where a stage trains on from the policy
+its input exported."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
-from transformers import AutoModelForCausalLM
 
-from e2e.operator.jobs import get_job, wait_phase
+from e2e.operator.jobs import get_job, took, wait_phase
 from e2e.operator.tiny import reward_config_map, run_head, tiny_job
 from e2e.storage import local_claim
 
@@ -38,53 +37,6 @@ def tiny_reward_model(tmp_path_factory) -> Path:
     from rlhf_trainer.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "reward", kind="reward", seed=1)
-
-
-def _distance(a: Path, b: Path) -> float:
-    """The L2 distance between two exported models' weights."""
-    first, second = (AutoModelForCausalLM.from_pretrained(path).state_dict() for path in (a, b))
-    return sum(float((first[name] - second[name]).float().pow(2).sum()) for name in first) ** 0.5
-
-
-def test_a_stage_trains_on_from_the_model_the_stage_it_names_exported(
-        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path, capsys):
-    models = local_claim(kube_api.core, namespace, "models", tmp_path / "models-volume")
-    shutil.copytree(tiny_model, models / "team-a" / "tiny")
-    checkpoints = local_claim(kube_api.core, namespace, "checkpoints", tmp_path / "checkpoints-volume")
-    operator.start()
-    reward = reward_config_map(control_plane, namespace)
-    on_the_claim = {"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": 0}
-    first = tiny_job(tmp_path, "first", reward, actor={"path": "tiny", "pvc": {"claimName": "models", "subPath": "team-a"}},
-                     steps=3, checkpoint=on_the_claim)
-    second = tiny_job(tmp_path, "second", reward, actor={}, steps=1, checkpoint=on_the_claim)
-    manifest = yaml.safe_load(second.read_text())
-    manifest["spec"]["models"]["actor"] = {"fromJob": {"name": "first"}, "dtype": "float32"}
-    second.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    control_plane.kubectl("-n", namespace, "apply", "-f", str(second), "-f", str(first))
-
-    wait_phase(kube, namespace, "second", "Waiting", "WaitingForJob")
-    state, logs = run_head(control_plane, kube, kube_api, namespace, "first")
-    assert state == "SUCCEEDED", logs
-    exported = wait_phase(kube, namespace, "first", "Succeeded", timeout=60)["status"]["outputModel"]
-    assert exported == {"claimName": "checkpoints", "subPath": "first", "final": "final", "kind": "policy", "step": 3}
-
-    state, logs = run_head(control_plane, kube, kube_api, namespace, "second")
-    assert state == "SUCCEEDED", logs
-    assert get_job(kube, namespace, "second")["status"]["inputs"][0]["phase"] == "Succeeded"
-    # What the second stage trained from: its final model is one update (Adam, lr 5e-3: about lr per weight)
-    # from the first stage's and four from the base model. Had it started from the base, it would be one
-    # from the base and four from the first stage's.
-    trained_on = _distance(checkpoints / "second" / "final", checkpoints / "first" / "final")
-    from_base = _distance(checkpoints / "second" / "final", tiny_model)
-    with capsys.disabled():
-        print(f"\npipeline: the second stage's model is {trained_on:.3f} from the first's, {from_base:.3f} from the base")
-    assert trained_on < from_base, (trained_on, from_base)
-
-
-def _took(job: dict) -> float:
-    """A job's time from status.startTime to status.completionTime, in seconds (whole ones: RFC 3339)."""
-    start, end = (datetime.fromisoformat(job["status"][key]) for key in ("startTime", "completionTime"))
-    return (end - start).total_seconds()
 
 
 def _jsonl(path: Path, records: list[dict]) -> Path:
@@ -140,8 +92,8 @@ def test_a_grpo_stage_learns_the_task_from_the_reward_model_the_stage_it_names_t
     metrics = [json.loads(line) for line in
                (checkpoints / "letters-grpo" / "logs" / "metrics.jsonl").read_text().splitlines()]
     task = [m[f"reward/{letter['name']}"] for m in metrics]
-    took = {name: _took(get_job(kube, namespace, name)) for name in ("letters-rm", "letters-grpo")}
+    seconds = {name: took(get_job(kube, namespace, name)) for name in ("letters-rm", "letters-grpo")}
     with capsys.disabled():
         print(f"\npipeline rm -> grpo: task reward per step {[round(r, 3) for r in task]}; seconds from each "
-              f"stage's start to its completion {took}")
+              f"stage's start to its completion {seconds}")
     assert len(task) == GRPO_STEPS and sum(task[-5:]) / 5 > sum(task[:5]) / 5 + GRPO_GAIN, task

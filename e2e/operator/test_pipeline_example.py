@@ -1,0 +1,59 @@
+"""The example pipeline (manifests/examples/pipeline/: SFT -> reward model -> PPO against it, and DPO beside
+them, on SmolLM2-135M-Instruct) applied at once with kubectl and trained through the operator, the hub played
+offline and each stage cut to two steps (e2e/hub.py), its head pods played by e2e/pods/head.py (as in
+test_pipeline_trains.py). tests/trainer/test_pipeline_example.py runs the same files with `rlhf run`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from e2e import hub
+from e2e.operator.jobs import get_job, took, wait_phase
+from e2e.operator.tiny import run_head
+from e2e.storage import local_claim
+from rlhf_api import contract
+from rlhf_api.validation import validate
+
+pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.py)
+
+
+def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs_from_their_models(
+        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tmp_path, capsys):
+    checkpoints = local_claim(kube_api.core, namespace, "rlhf-checkpoints", tmp_path / "checkpoints-volume")
+    operator.start()
+    files = hub.example_pipeline(tmp_path / "pipeline", hub.PIPELINE_STEPS)
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(tmp_path / "pipeline"))
+
+    for stage in ("pipeline-rm", "pipeline-dpo", "pipeline-ppo"):
+        waiting = wait_phase(kube, namespace, stage, "Waiting", "WaitingForJob")["status"]
+        assert "RLHFJob pipeline-sft (models.actor) " in waiting["message"], waiting
+    logs = {}
+    for stage in ("pipeline-sft", "pipeline-rm", "pipeline-dpo", "pipeline-ppo"):
+        if stage == "pipeline-rm":  # SFT's success starts rm and dpo; ppo waits on for rm
+            ppo = wait_phase(kube, namespace, "pipeline-ppo", "Waiting", "WaitingForJob")["status"]
+            assert "RLHFJob pipeline-rm (models.reward) is " in ppo["message"], ppo
+        state, logs[stage] = run_head(control_plane, kube, kube_api, namespace, stage)
+        assert state == "SUCCEEDED", logs[stage]
+        output = wait_phase(kube, namespace, stage, "Succeeded", timeout=60)["status"]["outputModel"]
+        assert output["subPath"] == stage and output["step"] == hub.PIPELINE_STEPS, output
+    seconds = {stage: took(get_job(kube, namespace, stage)) for stage in logs}
+    with capsys.disabled():
+        print(f"\nthe example pipeline through the operator, seconds from each stage's start to its completion: {seconds}")
+
+    # Each role's model came from the claim's directory of the stage its fromJob names: the stage's
+    # status.inputs name that job for the role's field, and the trainer said it loaded that field's mount.
+    specs = {path.stem.split("-", 1)[1]: validate(yaml.safe_load(path.read_text())).spec for path in files}
+    for stage, roles in hub.PIPELINE_LOADS.items():
+        inputs = {i["role"]: i for i in get_job(kube, namespace, stage)["status"]["inputs"]}
+        for role, source in roles.items():
+            field, _ = specs[stage.removeprefix("pipeline-")].models.source(role)
+            assert inputs[field]["name"] == source and inputs[field]["phase"] == "Succeeded", (stage, role, inputs)
+            assert f"the {role} model loads from {contract.model_on_pvc(field, 'final')}" in logs[stage], (stage, role)
+    metrics = [json.loads(line) for line in (checkpoints / "pipeline-ppo" / contract.LOGS_DIR / "metrics.jsonl").open()]
+    assert len(metrics) == hub.PIPELINE_STEPS and all("reward/rm" in m for m in metrics), metrics
+    # What DPO trained from: SFT's model, not the base (the bound: tests/trainer/test_pipeline_example.py).
+    dpo = checkpoints / "pipeline-dpo" / "final"
+    assert hub.weights_distance(dpo, checkpoints / "pipeline-sft" / "final") * 5 < hub.weights_distance(dpo, hub.smollm2())
