@@ -125,6 +125,20 @@ def test_quota_for_two_jobs_admits_two_and_the_third_when_one_goes(kube, namespa
     assert suspended(kube, namespace, "second") is False
 
 
+def test_a_stage_waiting_for_its_input_holds_no_quota(kube, namespace, operator, kueue_queues):
+    """A pipeline's stage whose input has not Succeeded (here: does not exist yet) makes no RayJob, so Kueue
+    has no Workload of it: a job that needs the whole quota is admitted beside it."""
+    queue = kueue_queues({H100: GPUS_PER_JOB})
+    operator.start()
+    stage = gpu_job("stage", queue)
+    stage["spec"]["models"]["actor"] = {"fromJob": {"name": "sft"}}
+    create_job(kube, namespace, stage)
+    wait_phase(kube, namespace, "stage", "Waiting", "WaitingForJob", timeout=TIMEOUT)
+    create_job(kube, namespace, gpu_job("whole-quota", queue))
+    wait_admitted(kube, namespace, "whole-quota")
+    assert kube.get("RayJob", namespace, "stage") is None
+
+
 def test_suspend_and_resume_of_an_admitted_job_make_one_new_cluster(kube, namespace, operator, kueue_queues):
     queue = kueue_queues({H100: GPUS_PER_JOB})
     operator.start()

@@ -13,7 +13,7 @@ from e2e.operator.jobs import children, create_job, get_job, rlhf_job, wait_phas
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_api import contract
 from rlhf_api import v1alpha1 as api
-from rlhf_operator import names
+from rlhf_operator import lifecycle, names
 
 PREFERENCES = {"preferences": {"sources": [{"path": "org/tiny-pairs"}]}}
 
@@ -109,3 +109,28 @@ def test_an_input_that_cannot_give_the_model_or_a_cycle_fails_the_job(kube, name
     unshared = wait_phase(kube, namespace, "from-unshared", "Failed", "InputHasNoModel", timeout=30)["status"]
     assert "no spec.checkpoint.pvc" in unshared["message"]
     assert "outputModel" not in get_job(kube, namespace, "unshared")["status"]
+
+
+def test_a_suspended_or_queued_stage_waits_holding_nothing_then_starts_as_such_a_job_starts(
+        kube, namespace, operator, kuberay_paused):
+    """Waiting composes with suspension and Kueue: while its input runs a stage makes nothing (no RayJob, so
+    no Workload and no quota: test_kueue.py shows the quota free for others); once the input Succeeded a
+    suspended stage is made Suspended and starts when resumed, a queued one is made for Kueue to admit."""
+    operator.start("--resync-seconds", "3600")
+    create_job(kube, namespace, rlhf_job("sft", checkpoint={"pvc": "stages"}))
+    create_job(kube, namespace, _stage("held", "sft", suspend=True))
+    create_job(kube, namespace, _stage("queued", "sft", queueName="team-a"))
+    for stage in ("held", "queued"):
+        wait_phase(kube, namespace, stage, "Waiting", "WaitingForJob")
+    wait_phase(kube, namespace, "sft", "Pending", "RayJobCreated")
+    assert _made(kube, namespace, "held") == _made(kube, namespace, "queued") == {}
+
+    _succeed(kube, namespace, "sft")
+    wait_phase(kube, namespace, "held", "Suspended", timeout=30)
+    queued = wait_for(lambda: kube.get("RayJob", namespace, names.ray_job("queued")), 30, "the queued stage's RayJob")
+    assert queued["spec"]["suspend"] is True and queued["metadata"]["labels"][lifecycle.QUEUE_LABEL] == "team-a"
+    assert kube.get("RayJob", namespace, names.ray_job("held"))["spec"]["suspend"] is True
+
+    kube.patch(api.KIND, namespace, "held", {"spec": {"suspend": False}})
+    wait_for(lambda: kube.get("RayJob", namespace, names.ray_job("held"))["spec"].get("suspend") is False, 30,
+             "the resumed stage's RayJob to start")
