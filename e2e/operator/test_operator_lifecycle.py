@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import yaml
 
+from kubernetes.client.exceptions import ApiException
+
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import (
     children, create_job, events, get_job, rlhf_job, touch_and_wait_reconciled, wait_events, wait_gone,
@@ -133,6 +135,54 @@ def test_suspend_and_resume_go_through_the_ray_job(kube, namespace, operator, ku
     ray_job.new()
     ray_job.initializing()
     wait_phase(kube, namespace, "tiny", "Provisioning", "StartingRayCluster")
+
+
+def test_a_resume_reaches_the_ray_job_after_the_suspension_s_handler_failed_past_suspending_it(
+        control_plane, kube, namespace, operator, kuberay_paused):
+    """The defect a loaded run showed (test_security): the handler of `suspend: true` suspended the RayJob,
+    then failed writing the job's status (there, conflicts with other writers; here, a policy refusing
+    every status write of the job). kopf records a change as handled only when its handler succeeds, so the
+    resume that followed made the spec equal to what kopf had last recorded: kopf saw nothing to do, and
+    the RayJob stayed suspended until a resync (an hour here). Every event of the job now realigns its
+    RayJob with its spec."""
+    operator.start("--resync-seconds", "3600")
+    create_job(kube, namespace, rlhf_job("tiny"))
+    wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
+    ray_job = RayJobStatus(kube, namespace, names.ray_job("tiny"))
+    ray_job.initializing()
+    ray_job.running()
+    wait_phase(kube, namespace, "tiny", "Running")
+
+    policy = f"e2e-no-status-{namespace}"
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy},
+         "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{
+             "apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+             "resources": [f"{api.PLURAL}/status"]}]},
+             "validations": [{"expression": f"object.metadata.namespace != '{namespace}'",
+                              "message": "the test refuses this job's status writes"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": policy}, "spec": {"policyName": policy, "validationActions": ["Deny"]}},
+    ]))
+    try:
+        refused = {"status": {"message": "probe"}}
+        wait_for(lambda: _refused(kube, namespace, refused), 30, "the policy to refuse the job's status writes")
+        kube.patch(api.KIND, namespace, "tiny", {"spec": {"suspend": True}})
+        wait_for(lambda: kube.get("RayJob", namespace, "tiny")["spec"]["suspend"] is True, 30, "RayJob suspend")
+        kube.patch(api.KIND, namespace, "tiny", {"spec": {"suspend": False}})
+    finally:
+        control_plane.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy)
+    wait_for(lambda: kube.get("RayJob", namespace, "tiny")["spec"]["suspend"] is False, 60, "RayJob resume")
+
+
+def _refused(kube, namespace: str, patch: dict) -> bool:
+    """Whether the API server refuses this status patch of job tiny (an admission policy's Deny)."""
+    try:
+        kube.patch(api.KIND, namespace, "tiny", patch, subresource="status")
+    except ApiException as error:
+        return error.status in (400, 403, 422)
+    return False
 
 
 def test_queued_job_starts_suspended_for_kueue(kube, namespace, operator, kuberay_paused):

@@ -10,7 +10,8 @@
 - Started RLHFJob with activeDeadlineSeconds: a daemon fails and stops it when the deadline passes
   (counted across KubeRay's retries, which restart KubeRay's own per-attempt deadline).
 - Every event of a pod of our Ray clusters: its running time in the job's status.usage (usage.py).
-- Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once); and the jobs
+- Every RLHFJob event: the jobs-by-phase metric (and the resync task started, once); the job reconciled
+  if its RayJob differs from its spec (a change kopf forgot, see realign_ray_job); and the jobs
   Waiting for that job's model (models.<role>.fromJob) reconciled when its phase moved or it went.
 
 Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
@@ -30,7 +31,7 @@ from typing import Any
 
 import kopf
 
-from . import inputs, lifecycle, metrics, pods, reconcile, resync, usage
+from . import inputs, lifecycle, metrics, names, pods, reconcile, resync, usage
 from . import settings as operator_settings
 from rlhf_api.v1alpha1 import GROUP, PLURAL, VERSION
 from .names import JOB_LABEL
@@ -147,6 +148,19 @@ async def count_job(type: str | None, uid: str, namespace: str, name: str, statu
     else:
         metrics.JOBS.seen(uid, namespace, name, status)
     resync.start(memo.resync_seconds, Watched(kwargs))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def realign_ray_job(type: str | None, namespace: str, name: str, uid: str, body: kopf.Body,
+                          **kwargs: Any) -> None:
+    # kopf retries a change's handler until it succeeds, but forgets the change if the spec returns to
+    # what it last recorded as handled first: a suspension whose handler suspended the RayJob and then
+    # failed (its status write), undone by a resume, left the RayJob suspended until a resync. So,
+    # level-triggered: any event of a job whose RayJob differs from its spec reconciles it.
+    ray_job = _newest(kwargs["ray_jobs"].get((namespace, names.ray_job(name)), ()))
+    if type != "DELETED" and ray_job is not None and reconcile.drifted(body, ray_job):
+        with metrics.measured("realign"):
+            await asyncio.to_thread(reconcile.resync, namespace, name, uid, reconcile.API)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -336,6 +336,17 @@ def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
     return True
 
 
+def drifted(body: Any, ray_job: dict[str, Any]) -> bool:
+    """Whether the RayJob's lifecycle fields (suspend, deadlines, ...) differ from what the job's spec asks;
+    a finished, going or invalid job asks nothing."""
+    if body["metadata"].get("deletionTimestamp") or status.finished(body.get("status")):
+        return False
+    try:
+        return lifecycle.ray_job_patch(_validated_job(body).spec, ray_job) is not None
+    except InvalidJob:
+        return False
+
+
 def _is_live(job: dict[str, Any] | None, uid: str) -> bool:
     """That very job (not a newer one of the same name), and not being deleted."""
     return job is not None and job["metadata"]["uid"] == uid and not job["metadata"].get("deletionTimestamp")
