@@ -84,6 +84,10 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     # (data.scoreTemplate), so that asking for the top score at inference asks for the best responses.
     AlgorithmInfo("csft", "Dong et al. 2023, SteerLM, arXiv:2310.05344", "sft", ("actor",), objective="sft",
                   conditioned=True),
+    # Knowledge distillation on an SFT dataset: the response's NLL plus the forward KL to the teacher's
+    # next-token distributions (its top-k), the soft targets.
+    AlgorithmInfo("kd", "Hinton et al. 2015, arXiv:1503.02531; Kim & Rush 2016, arXiv:1606.07947", "sft",
+                  ("actor", "teacher"), objective="kd"),
     AlgorithmInfo("rm", "Bradley-Terry reward model, Ouyang et al. 2022, arXiv:2203.02155", "preferences",
                   ("rm",), objective="pairwise"),
 )

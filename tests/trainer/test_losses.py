@@ -24,6 +24,7 @@ from rlhf_trainer.losses import (
     reward_accuracy,
     sft_loss,
     token_log_probs,
+    top_k_forward_kl,
     truncated_is_weights,
     value_loss,
 )
@@ -527,3 +528,20 @@ def test_an_online_dpo_update_has_the_gradient_of_dpo_on_each_groups_best_and_wo
     dpo_loss(pairs, PreferenceConfig(beta=0.3)).losses.mean().backward()
     torch.testing.assert_close(ours, log_probs.grad, atol=1e-12, rtol=0)
     assert ours[[0, 3, 4, 5, 6, 7, 10, 11]].abs().sum() == 0 and ours[chosen].abs().sum() > 0
+
+
+# -- knowledge distillation (kd) -------------------------------------------------------------------
+
+
+def test_top_k_forward_kl_is_the_full_kl_with_the_whole_vocabulary_and_zero_on_the_teacher_s_top_k():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    teacher_logps = teacher.log_softmax(-1)
+    full = (teacher_logps.exp() * (teacher_logps - student.log_softmax(-1))).sum(-1)
+    top = teacher_logps.topk(7, dim=-1)
+    assert torch.allclose(top_k_forward_kl(student, top.values, top.indices), full, atol=1e-6)
+
+    top = teacher_logps.topk(3, dim=-1)  # a student with the teacher's top 3, renormalised, and nothing else
+    copied = torch.full_like(student, -1e4).scatter(-1, top.indices, top.values)
+    assert top_k_forward_kl(copied, top.values, top.indices).abs().max() < 1e-5
+    assert (top_k_forward_kl(student, top.values, top.indices) > 0.01).all()

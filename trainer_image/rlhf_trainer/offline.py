@@ -5,7 +5,8 @@ algorithms), split evenly over the trained group's ranks and into microTrainBatc
 micro-batches; training.epochs passes over the dataset, capped by training.maxSteps.
 
 - sft: token NLL of the response (the prompt masked out), data.sft records; csft the same on prompts that
-  carry each record's score (data.scoreTemplate with data.sft.scoreKey).
+  carry each record's score (data.scoreTemplate with data.sft.scoreKey); kd the same plus the forward KL
+  to the teacher's next-token distributions at the response's tokens (its top-k, losses/distillation.py).
 - dpo, ipo, cdpo: the actor against a frozen reference (spec.models.reference, else the actor's
   initial weights) on the summed log-probs of chosen and rejected responses, with
   losses.PREFERENCE_LOSSES[algorithm]; data.preferences pairs.
@@ -20,13 +21,13 @@ algorithm's training step is found as catalogue objective key -> OBJECTIVES[key]
 workers.objectives.OFFLINE_STEPS[step], a function each rank runs on every micro-batch.
 
 Metrics (api.Metrics names where they exist): loss, learning_rate, epoch, <role>/grad_norm,
-time/experience (reference log-probs), time/update, time/step; the preference algorithms and rm
-also reward_accuracy, reward_margin, chosen_reward, rejected_reward.
+time/experience (reference log-probs, the teacher's distributions), time/update, time/step; kd also
+teacher_kl; the preference algorithms and rm reward_accuracy, reward_margin, chosen_reward, rejected_reward.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import ray
@@ -37,7 +38,7 @@ from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 from .data import PromptLoader
 from .loop import RunLoop
 from .losses import PreferenceConfig, masked_sum
-from .offline_data import OfflineDataset, OfflineExample, mismatched, pack, with_step_tokens
+from .offline_data import OfflineBatch, OfflineDataset, OfflineExample, mismatched, pack, with_step_tokens
 from .workers.group import Placement, mean_metrics
 
 
@@ -68,6 +69,8 @@ OBJECTIVES: dict[str, Objective] = {
     "sft": Objective(lambda d: (d.output_key,), step="sft", options=lambda spec: {}),
     "preference": Objective(_pair, step="preference", options=_preference_options),
     "pairwise": Objective(_pair, step="pairwise", options=lambda spec: {}),
+    "kd": Objective(lambda d: (d.output_key,), step="kd",
+                    options=lambda spec: {"kl_coef": spec.training.distillation.kl_coef}),
     # kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
     # desirable and one undesirable response).
     "kto": Objective(lambda d: (d.output_key,) if d.label_key else _pair(d), step="preference",
@@ -110,22 +113,27 @@ class OfflineTrainer(RunLoop):
 
     def _train_step(self, examples: list[OfflineExample], options: dict) -> list[ray.ObjectRef]:
         """The examples split over the trained group's ranks, in micro-batches; each rank's metrics."""
-        with self.timer.phase("experience"):  # the frozen reference's log-probs, and kto's reference point
-            reference = self._reference_logps(examples) if "reference" in self.groups else None
-            kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
         micro = self.training.micro_train_batch_size
         per_rank = torch.arange(len(examples)).chunk(self.trained.size)
         # token-mean divides by the step's tokens, which only the driver sees (objectives.NORMALIZERS).
         step_tokens = torch.tensor(float(sum(len(r) for example in examples for r in example.responses)))
-        calls = []
-        for worker, rows in zip(self.trained.workers, per_rank):
-            batches = [
-                with_step_tokens(pack([examples[i] for i in part], self.pad_token_id,
-                                      reference[part] if reference is not None else None, kl_logps), step_tokens)
-                for part in rows.split(micro)
-            ]
-            calls.append(worker.train_offline.remote(batches, self.objective.step, options))
-        return calls
+        # the frozen reference's log-probs, kto's reference point, the teacher's distributions (kd)
+        with self.timer.phase("experience"):
+            reference = self._reference_logps(examples) if "reference" in self.groups else None
+            kl_logps = self._kl_logps(examples) if self.objective.kl_pairs else None
+            batches = [[self._with_teacher(with_step_tokens(pack(
+                [examples[i] for i in part], self.pad_token_id, reference[part] if reference is not None else None,
+                kl_logps), step_tokens)) for part in rows.split(micro)] for rows in per_rank]
+        return [worker.train_offline.remote(own, self.objective.step, options)
+                for worker, own in zip(self.trained.workers, batches)]
+
+    def _with_teacher(self, batch: OfflineBatch) -> OfflineBatch:
+        """kd: the batch with the teacher's k likeliest next tokens (log-probs and ids) at its response positions."""
+        if "teacher" not in self.groups:
+            return batch
+        logps, ids = self.groups["teacher"].top_log_probs(batch.sequences, batch.attention_mask, batch.num_actions,
+                                                          self.training.distillation.top_k)
+        return replace(batch, teacher_logps=logps, teacher_ids=ids)
 
     def _reference_logps(self, examples: list[OfflineExample]) -> torch.Tensor:
         """Summed response log-probs under the frozen reference, [examples, responses per example]."""

@@ -48,6 +48,8 @@ class OfflineBatch:
     desirable: Tensor | None = None  # [R] bool: chosen/desirable rows (preference losses)
     kl_logps: Tensor | None = None  # [2] kto: mean log pi and log pi_ref of the step's mismatched pairs
     step_tokens: Tensor | None = None  # [R] response tokens of the whole optimizer step (all micro-batches and ranks)
+    teacher_logps: Tensor | None = None  # [R, T, k] kd: the teacher's k likeliest next tokens' log-probs, per response position
+    teacher_ids: Tensor | None = None  # [R, T, k] kd: those tokens' ids
 
     @property
     def num_actions(self) -> int:

@@ -72,9 +72,9 @@ class RLHFJobSpec(APIModel):
         (f"!(self.algorithm in {cel_list(algorithms.NEEDS_REWARD)}) || has(self.reward) || has(self.environment)",
          "online algorithms need a reward: set spec.reward.sources (or spec.environment)", ".algorithm"),
         (f"!(self.algorithm in {cel_list(algorithms.USES_TEACHER)}) || has(self.models.teacher)",
-         f"{prose(algorithms.USES_TEACHER)} learns from a teacher: set spec.models.teacher", ".models"),
+         f"a teacher teaches {prose(algorithms.USES_TEACHER)}: set spec.models.teacher", ".models"),
         (f"self.algorithm in {cel_list(algorithms.USES_TEACHER)} || !has(self.models.teacher)",
-         f"only {prose(algorithms.USES_TEACHER)} uses a teacher: remove spec.models.teacher or set algorithm: "
+         f"a teacher teaches {prose(algorithms.USES_TEACHER)} only: remove spec.models.teacher or set algorithm: "
          f"{algorithms.USES_TEACHER[0]}", ".models.teacher"),
         (f"self.algorithm in {ONLINE} || !has(self.environment)",
          "offline algorithms learn from the dataset, not from an environment: remove spec.environment", ".environment"),

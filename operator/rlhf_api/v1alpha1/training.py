@@ -130,12 +130,14 @@ class RejectionSamplingSpec(APIModel):
 
 
 class DistillationSpec(APIModel):
-    """What distill trains on (Agarwal et al. 2024, GKD, arXiv:2306.13649; Gu et al. 2024, MiniLLM, arXiv:2306.08543)."""
+    """What distill (on-policy: Agarwal et al. 2024, GKD, arXiv:2306.13649; Gu et al. 2024, MiniLLM, arXiv:2306.08543) and kd (on data.sft: Hinton et al. 2015, arXiv:1503.02531) learn from the teacher."""
 
     kl_coef: float = Field(1.0, gt=0)
-    """Weight of the teacher: each sampled token's reward is minus this times log pi_actor - log pi_teacher (the per-token reverse KL, whose expectation the policy gradient minimises). Metric teacher_kl is its mean."""
+    """Weight of the teacher. distill: each sampled token's reward is minus this times log pi_actor - log pi_teacher (the per-token reverse KL, whose expectation the policy gradient minimises); kd: the loss is the response's NLL plus this times the forward KL from the teacher's next-token distribution to the actor's at each response token. Metric teacher_kl is the KL's mean."""
     reward_coef: float = Field(0.0, ge=0)
-    """Weight of spec.reward's total in the training signal. 0: the reward only measures (its metrics and spec.evaluation), the teacher alone teaches."""
+    """distill: weight of spec.reward's total in the training signal. 0: the reward only measures (its metrics and spec.evaluation), the teacher alone teaches."""
+    top_k: int = Field(20, ge=1, le=1024)
+    """kd: the teacher's k likeliest tokens at each response position, renormalised over them, are the soft target (what the teacher sends per token: k log-probs and ids, not the vocabulary)."""
 
 
 class TrainingSpec(APIModel):

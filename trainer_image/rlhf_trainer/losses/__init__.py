@@ -16,6 +16,7 @@ from .aggregation import (
     masked_var,
     masked_whiten,
 )
+from .distillation import top_k_forward_kl
 from .entropy import entropy_bonus, entropy_from_logits
 from .policy import (
     POLICY_LOSSES,
@@ -70,6 +71,7 @@ __all__ = [
     "reward_accuracy",
     "sft_loss",
     "token_log_probs",
+    "top_k_forward_kl",
     "truncated_is_weights",
     "value_loss",
     "value_loss_per_token",

@@ -272,13 +272,26 @@ class ModelGroup:
         """`forward` sent to the ranks without waiting: calling the result waits for its output, so
         other groups can work on their passes meanwhile."""
         rows = sequences.shape[0]
-        shards, pad = self._shards(rows)
-        # Pad by repeating the last row so every ZeRO-3 rank runs the same number of forward passes.
-        sequences = torch.cat([sequences, sequences[-1:].expand(pad, -1)])
-        attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
+        shards, sequences, attention_mask = self._padded(sequences, attention_mask)
         refs = [w.forward.remote(sequences[s], attention_mask[s], num_actions, self.base)
                 for w, s in zip(self.workers, shards)]
         return lambda: torch.cat(ray.get(refs))[:rows]
+
+    def _padded(self, sequences: Tensor, attention_mask: Tensor) -> tuple[list[slice], Tensor, Tensor]:
+        """Each rank's rows, and the batch padded by repeating its last row so that every ZeRO-3 rank
+        runs the same number of forward passes."""
+        shards, pad = self._shards(sequences.shape[0])
+        return (shards, torch.cat([sequences, sequences[-1:].expand(pad, -1)]),
+                torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)]))
+
+    def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
+        """The k likeliest tokens' log-probs and ids at each response position [B, T, k] (ModelWorker's),
+        the batch split over the ranks."""
+        rows = sequences.shape[0]
+        shards, sequences, attention_mask = self._padded(sequences, attention_mask)
+        parts = ray.get([w.top_log_probs.remote(sequences[s], attention_mask[s], num_actions, k)
+                         for w, s in zip(self.workers, shards)])
+        return tuple(torch.cat(side)[:rows] for side in zip(*parts))
 
     def score(self, prompts: list[str], completions: list[str]) -> Tensor:
         """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer)."""

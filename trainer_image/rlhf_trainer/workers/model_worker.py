@@ -81,6 +81,23 @@ class ModelWorker:
         return torch.cat(outputs)
 
     @torch.no_grad()
+    def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
+        """The k likeliest tokens at each of the last num_actions positions, their log-probs and ids
+        [B, T, k] each, in eval mode (kd's teacher: its distributions, k entries a token)."""
+        model = self.model
+        micro = model.cfg.training.micro_rollout_batch_size
+        logps, ids = [], []
+        with model.scoring():
+            for start in range(0, sequences.shape[0], micro):
+                rows = slice(start, start + micro)
+                logits = model.action_logits(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
+                                             num_actions)
+                top = logits.log_softmax(-1).topk(k, dim=-1)
+                logps.append(top.values.cpu())
+                ids.append(top.indices.cpu())
+        return torch.cat(logps), torch.cat(ids)
+
+    @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str]) -> Tensor:
         """Reward model: one score per prompt + completion [B], read at the last token.
 

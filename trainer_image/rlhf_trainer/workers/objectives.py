@@ -4,7 +4,7 @@
   algorithm: losses.POLICY_LOSSES) and `value_step` (the critic) on
   experience.Experience micro-batches;
 - offline (offline.py): OFFLINE_STEPS, keyed by offline.Objective.step, on offline_data.OfflineBatch
-  micro-batches: sft, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
+  micro-batches: sft, kd, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
 
 Each step calls Model.backward_step once: DeepSpeed steps the optimizer every trainBatchSize /
 (microTrainBatchSize * ranks) micro-batches (its gradient accumulation). The online losses are
@@ -25,6 +25,7 @@ from ..losses import (
     PreferenceConfig,
     PreferenceInputs,
     Registry,
+    aggregate_loss,
     entropy_bonus,
     entropy_from_logits,
     masked_mean,
@@ -34,6 +35,7 @@ from ..losses import (
     reward_accuracy,
     sft_loss,
     token_log_probs,
+    top_k_forward_kl,
     truncated_is_weights,
     value_loss,
 )
@@ -140,6 +142,20 @@ def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
     loss = sft_loss(log_probs, batch.action_mask, *aggregation(model, batch))
     model.backward_step(loss)
     return {"loss": loss.item()}
+
+
+@OFFLINE_STEPS.register("kd")
+def kd_step(model: Model, batch: OfflineBatch, kl_coef: float) -> dict[str, float]:
+    """The response's NLL plus kl_coef times the forward KL to the teacher's top-k next-token distributions
+    (the batch's teacher_logps and teacher_ids), both aggregated by training.lossAggregation."""
+    logits = model.action_logits(batch.sequences, batch.attention_mask, batch.num_actions)
+    mode, normalizer = aggregation(model, batch)
+    nll = sft_loss(token_log_probs(logits, batch.sequences[:, -batch.num_actions:]), batch.action_mask, mode, normalizer)
+    kl = aggregate_loss(top_k_forward_kl(logits, batch.teacher_logps, batch.teacher_ids), batch.action_mask, mode,
+                        normalizer)
+    loss = nll + kl_coef * kl
+    model.backward_step(loss)
+    return {"loss": loss.item(), "teacher_kl": kl.item()}
 
 
 @OFFLINE_STEPS.register("preference")
