@@ -39,6 +39,7 @@ def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs
         assert state == "SUCCEEDED", logs[stage]
         output = wait_phase(kube, namespace, stage, "Succeeded", timeout=60)["status"]["outputModel"]
         assert output["subPath"] == stage and output["step"] == hub.PIPELINE_STEPS, output
+        assert {p.name for p in (checkpoints / stage).iterdir()} == {"final", "logs"}, "keep 0: the export alone"
     seconds = {stage: took(get_job(kube, namespace, stage)) for stage in logs}
     with capsys.disabled():
         print(f"\nthe example pipeline through the operator, seconds from each stage's start to its completion: {seconds}")

@@ -37,6 +37,8 @@ def test_the_example_pipeline_runs_each_stage_from_the_models_of_the_stages_it_n
     for stage in ("pipeline-sft", "pipeline-rm", "pipeline-ppo", "pipeline-dpo"):
         metrics = [json.loads(line) for line in (out / stage / "checkpoints" / "logs" / "metrics.jsonl").open()]
         assert [m["step"] for m in metrics] == list(range(1, hub.PIPELINE_STEPS + 1)), stage
+        # checkpoint.keep 0: the export, and no step's checkpoint
+        assert {p.name for p in (out / stage / "checkpoints").iterdir()} == {"final", "logs"}, stage
     assert all("reward/rm" in m for m in map(json.loads, (out / "pipeline-ppo/checkpoints/logs/metrics.jsonl").open()))
 
     # What DPO trained from: SFT's model, not the base. SFT's two steps at lr 1e-5 moved the weights about

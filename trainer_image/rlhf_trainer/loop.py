@@ -136,7 +136,7 @@ class RunLoop(ABC):
         self._resume()
         self._before_steps()
         steps = self._steps(self._batches())
-        data_position = None
+        data_position, saving = None, self.spec.checkpoint.keep > 0  # keep 0: no checkpoint, the export only
         while True:
             with self.timer.phase("step"):
                 taken = next(steps, None)
@@ -146,13 +146,15 @@ class RunLoop(ABC):
             self.step += 1
             self.reporter.log(self.step, metrics | self.timer.take())
             interval = self.spec.checkpoint.interval_steps
-            if (interval and self.step % interval == 0) or self.step == self.total_steps or self.stop_requested:
+            if saving and ((interval and self.step % interval == 0) or self.step == self.total_steps
+                           or self.stop_requested):
                 self._save(data_position)
             if self.stop_requested and self.step < self.total_steps:
-                raise Interrupted(f"stopped after step {self.step} of {self.total_steps}; its checkpoint is "
-                                  f"{checkpoint.step_dir(self.checkpoint_dir, self.step)}: running the job again "
-                                  "resumes from it")
-        if data_position is not None and self.step < self.total_steps:
+                raise Interrupted(f"stopped after step {self.step} of {self.total_steps}; " + (
+                    f"its checkpoint is {checkpoint.step_dir(self.checkpoint_dir, self.step)}: running the job "
+                    "again resumes from it" if saving else "no checkpoint (checkpoint.keep 0): running the job "
+                    "again starts over"))
+        if saving and data_position is not None and self.step < self.total_steps:
             self._save(data_position)  # the data ran out before totalSteps (dynamic sampling's extra rounds)
         if self.spec.checkpoint.export_hf:
             ray.get(self.trained.call("save_pretrained", str(self.checkpoint_dir / "final")))

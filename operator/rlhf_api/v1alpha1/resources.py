@@ -147,14 +147,21 @@ class ResourcesSpec(APIModel):
 class CheckpointSpec(APIModel):
     """Checkpointing and resume."""
 
+    model_config = cel(
+        ("self.keep > 0 || !has(self.intervalSteps) || self.intervalSteps == 0",
+         "keep: 0 writes no checkpoint, so there is none every intervalSteps: set intervalSteps to 0 or keep to 1 "
+         "or more", ".intervalSteps"),
+        ("self.keep > 0 || self.exportHf", "keep: 0 without exportHf leaves nothing of the run: set exportHf: true "
+         "or keep to 1 or more", ".keep"))
+
     pvc: ObjectName | None = None
     """Name of the PersistentVolumeClaim mounted at path on every pod, at the volume's subdirectory named after the job: jobs sharing a claim never see each other's checkpoints, and a job re-created under the same name resumes from its predecessor's (set resume: false to start over). Without it, checkpoints live in the pod and die with it."""
     path: str = Field("/checkpoints", max_length=1024)
     """Directory for checkpoints and the final model."""
     interval_steps: int = Field(0, ge=0)
     """Save every N steps; 0 saves only at the end."""
-    keep: int = Field(3, ge=1, le=1000)
-    """Number of checkpoints kept (oldest removed first)."""
+    keep: int = Field(3, ge=0, le=1000)
+    """Number of checkpoints kept (oldest removed first). 0 writes none, at the end or on SIGTERM either: only the final export (exportHf) is left, and a stopped run starts over. For a pipeline's stage, whose next stage reads only the export, that saves the disk of the optimizer's state (OpenRLHF's --disable_ds_ckpt)."""
     resume: bool = True
     """Resume from the newest checkpoint under path when one exists."""
     export_hf: bool = True
