@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 from e2e.controlplane import ControlPlane, free_ports
@@ -152,16 +153,25 @@ class HeadPod:
         raise TimeoutError(f"Ray dashboard did not come up:\n{self.log.read_text()[-3000:]}")
 
     def _submit(self, entrypoint: str, runtime_env: dict | None, timeout: float = 120) -> str:
-        """Submit as KubeRay's submitter does, retrying while the head's job agent is still starting."""
+        """Submit as KubeRay's submitter does, retrying while the head's job agent is still starting, and
+        after a connection the dashboard dropped unanswered (a loaded machine): the submitter Job's pod
+        would be restarted. A retried submission that finds its id taken was accepted the first time."""
         deadline = time.monotonic() + timeout
+        retried = False
         while True:
             try:
                 return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
                                               submission_id=self.job_id)
+            except requests.exceptions.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
             except RuntimeError as error:
+                if retried and "already exists" in str(error):
+                    return self.job_id
                 if "No available agent" not in str(error) or time.monotonic() > deadline:
                     raise
-                time.sleep(1)
+            retried = True
+            time.sleep(1)
 
     def run_job(self, timeout: float = 900) -> tuple[str, str]:
         """Submit the RayJob's entrypoint and follow it as KubeRay does; returns (jobStatus, logs)."""
@@ -173,7 +183,11 @@ class HeadPod:
         reported = "PENDING"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            info = self.client.get_job_info(job_id)
+            try:
+                info = self.client.get_job_info(job_id)
+            except requests.exceptions.ConnectionError:  # dropped unanswered on a loaded machine: ask again
+                time.sleep(1)
+                continue
             state = str(info.status)
             if state != reported and state not in TERMINAL:
                 self.status.write(jobDeploymentStatus="Running", jobStatus=state)
