@@ -158,13 +158,16 @@ def chats_split(input_key: str, response_keys: tuple[str, ...]) -> Callable[[dic
     it, which a pair's chats must share. That prompt replaces any the record has beside its chats (as
     UltraFeedback's prompt text); a chat of the response alone keeps the record's prompt. Records whose
     responses are text pass unchanged."""
+    def is_chat(value) -> bool:
+        return isinstance(value, list) and bool(value) and all(
+            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value)
+
     def split(record: dict) -> dict:
         chats = [record.get(key) for key in response_keys]
-        if not any(isinstance(chat, list) for chat in chats):
-            return record
+        if not any(map(is_chat, chats)):
+            return record  # text (or what the key checks then refuse)
         for key, chat in zip(response_keys, chats):
-            if not (isinstance(chat, list) and chat and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
-                                                             for m in chat)):
+            if not is_chat(chat):
                 raise ValueError(f"{key!r} is not a chat while another response is: give "
                                  f"{' and '.join(map(repr, response_keys))} all as chats (lists of "
                                  '{"role", "content"} messages) or all as text')
