@@ -40,9 +40,17 @@ from pathlib import Path
 
 import pytest
 
-from e2e import images
+from e2e import hub, images
 from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
 from e2e.controlplane import queues as kueue_objects
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct, converted offline once per content (e2e/hub.py). The tests that take it are one
+    unit of work (e2e/parallel.py SHARED_FIXTURES): a run that trains the real model holds up to ~10 GiB
+    (the example pipeline's PPO stage: four model groups and vLLM), two at once do not fit this machine."""
+    return hub.smollm2()
+
 
 def example_jobs() -> list[Path]:
     """The example RLHFJobs every check reads: manifests/examples/*.yaml and the pipeline's stages."""

@@ -7,7 +7,8 @@ models) are made once per worker; what is expensive to make is cached on disk ac
 seed, the converted real model).
 
 Tests that use something of which this machine has only one (SHARED_FIXTURES: the pod runtime's
-bridge, its fixed subnet and 10.96.0.1:443) form one group, run by one worker one module after another.
+bridge, its fixed subnet and 10.96.0.1:443; the memory for one training run of the real model, smollm2)
+form one group, run by one worker one module after another.
 
 At most ML_SLOTS units that train (HEAVY_FIXTURES: Ray clusters, `rlhf run`, pods that run Ray; or
 marked TRAINS_MARK) run at once, whatever the number of workers: two cores shared by four training runs only make each slower
@@ -45,7 +46,7 @@ from e2e.controlplane import cache_dir
 from e2e.fixtures import builds_current, needs_build, needs_images
 
 # Fixture -> the xdist group of every test that uses it.
-SHARED_FIXTURES = {"pod_runtime": "pod-runtime", "dev_cluster": "pod-runtime"}
+SHARED_FIXTURES = {"pod_runtime": "pod-runtime", "dev_cluster": "pod-runtime", "smollm2": "smollm2"}
 HEAVY_FIXTURES = {"local_ray", "ray_nodes", "toy_job", "smollm2_job", "pod_runtime", "dev_cluster"}
 TRAINS_MARK = "trains"  # a module that trains through none of them (its head pods run `rlhf run`: e2e/pods/head.py)
 TRAINS = "trains:"  # the name of a unit that trains (a test uses a HEAVY_FIXTURE) starts with this

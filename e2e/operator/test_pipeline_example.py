@@ -21,7 +21,7 @@ pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.p
 
 
 def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs_from_their_models(
-        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tmp_path, capsys):
+        control_plane, kube, kube_api, namespace, operator, kuberay_paused, smollm2, tmp_path, capsys):
     checkpoints = local_claim(kube_api.core, namespace, "rlhf-checkpoints", tmp_path / "checkpoints-volume")
     operator.start()
     files = hub.example_pipeline(tmp_path / "pipeline", hub.PIPELINE_STEPS)
@@ -57,4 +57,4 @@ def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs
     assert len(metrics) == hub.PIPELINE_STEPS and all("reward/rm" in m for m in metrics), metrics
     # What DPO trained from: SFT's model, not the base (the bound: tests/trainer/test_pipeline_example.py).
     dpo = checkpoints / "pipeline-dpo" / "final"
-    assert hub.weights_distance(dpo, checkpoints / "pipeline-sft" / "final") * 5 < hub.weights_distance(dpo, hub.smollm2())
+    assert hub.weights_distance(dpo, checkpoints / "pipeline-sft" / "final") * 5 < hub.weights_distance(dpo, smollm2)

@@ -18,7 +18,6 @@ import pytest
 import torch
 import yaml
 
-from e2e import hub
 from e2e.fixtures import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -214,12 +213,6 @@ def ray_nodes():
     yield nodes
     nodes.stop()
     shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def smollm2() -> Path:
-    """SmolLM2-135M-Instruct, converted offline once per content (e2e/hub.py)."""
-    return hub.smollm2()
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from rlhf_trainer.run import run_pipeline
 
 pytestmark = pytest.mark.timeout(1200)
 
-def test_the_example_pipeline_runs_each_stage_from_the_models_of_the_stages_it_names(local_ray, tmp_path, caplog,
-                                                                                        capsys):
+def test_the_example_pipeline_runs_each_stage_from_the_models_of_the_stages_it_names(smollm2, local_ray, tmp_path,
+                                                                                        caplog, capsys):
     hub.example_pipeline(tmp_path / "pipeline", hub.PIPELINE_STEPS, checkpoints="checkpoints")
     out = tmp_path / "runs"
     caplog.set_level(logging.INFO, logger="rlhf_trainer")
@@ -44,7 +44,7 @@ def test_the_example_pipeline_runs_each_stage_from_the_models_of_the_stages_it_n
     # What DPO trained from: SFT's model, not the base. SFT's two steps at lr 1e-5 moved the weights about
     # 20 times as far as DPO's two at 5e-7 (Adam: about lr per weight per step).
     dpo = final("pipeline-dpo")
-    from_sft, from_base = hub.weights_distance(dpo, final("pipeline-sft")), hub.weights_distance(dpo, hub.smollm2())
+    from_sft, from_base = hub.weights_distance(dpo, final("pipeline-sft")), hub.weights_distance(dpo, smollm2)
     with capsys.disabled():
         print(f"the DPO stage's model: {from_sft:.4f} from SFT's, {from_base:.4f} from the base model")
     assert from_sft * 5 < from_base
