@@ -20,6 +20,7 @@ import sys
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -71,31 +72,31 @@ class ModelWorker:
         base: of the base model, LoRA adapters off (a LoRA actor serving as the reference)."""
         model = self.model
         read = model.action_values if model.cfg.role == "critic" else model.action_log_probs
-        micro = model.cfg.training.micro_rollout_batch_size
-        outputs = []
-        with model.scoring(), model.base_weights() if base else nullcontext():
-            for start in range(0, sequences.shape[0], micro):
-                rows = slice(start, start + micro)
-                outputs.append(read(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
-                                    num_actions).cpu())
-        return torch.cat(outputs)
+        return torch.cat(self._per_micro_batch(read, sequences, attention_mask, num_actions, base))
 
     @torch.no_grad()
     def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
         """The k likeliest tokens at each of the last num_actions positions, their log-probs and ids
         [B, T, k] each, in eval mode (kd's teacher: its distributions, k entries a token)."""
+        def top(*batch: Any) -> tuple[Tensor, Tensor]:
+            return tuple(self.model.action_logits(*batch).log_softmax(-1).topk(k, dim=-1))
+
+        logps, ids = zip(*self._per_micro_batch(top, sequences, attention_mask, num_actions))
+        return torch.cat(logps), torch.cat(ids)
+
+    def _per_micro_batch(self, read: Callable, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                         base: bool = False) -> list:
+        """read(sequences, attention_mask, num_actions) of each micro-batch (rollout micro size) in eval mode,
+        its tensor, or tuple of tensors, on the CPU; base: LoRA adapters off."""
         model = self.model
         micro = model.cfg.training.micro_rollout_batch_size
-        logps, ids = [], []
-        with model.scoring():
+        outputs = []
+        with model.scoring(), model.base_weights() if base else nullcontext():
             for start in range(0, sequences.shape[0], micro):
                 rows = slice(start, start + micro)
-                logits = model.action_logits(sequences[rows].to(model.device), attention_mask[rows].to(model.device),
-                                             num_actions)
-                top = logits.log_softmax(-1).topk(k, dim=-1)
-                logps.append(top.values.cpu())
-                ids.append(top.indices.cpu())
-        return torch.cat(logps), torch.cat(ids)
+                out = read(sequences[rows].to(model.device), attention_mask[rows].to(model.device), num_actions)
+                outputs.append(tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu())
+        return outputs
 
     @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str]) -> Tensor:
