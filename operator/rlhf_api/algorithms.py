@@ -33,6 +33,8 @@ class AlgorithmInfo:
     objective: str | None = None  # offline: rlhf_trainer.offline.OBJECTIVES key
     group_samples: bool = False  # compares the samples of one prompt: needs rollout.samplesPerPrompt > 1
     conditioned: bool = False  # offline: each prompt carries its record's score (data.<dataset>.scoreKey)
+    # offline: each response is a list of steps, each with a label (data.<dataset>.labelKey, data.stepSeparator)
+    step_labelled: bool = False
     # spec.training fields (API names, TRAINING_DEFAULTS keys) this algorithm defaults differently
     defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -90,6 +92,10 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
                   ("actor", "teacher"), objective="kd"),
     AlgorithmInfo("rm", "Bradley-Terry reward model, Ouyang et al. 2022, arXiv:2203.02155", "preferences",
                   ("rm",), objective="pairwise"),
+    # Process reward model: the reward model's score at the end of each step of a solution, trained on each
+    # step's label (correct or not) and nowhere else; a reward source reads it step by step (reward.sources[].steps).
+    AlgorithmInfo("prm", "Lightman et al. 2023, arXiv:2305.20050; Wang et al. 2024, Math-Shepherd, arXiv:2312.08935",
+                  "sft", ("rm",), objective="process", step_labelled=True),
 )
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in CATALOGUE}
@@ -104,6 +110,7 @@ NEEDS_REWARD: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online and 
 # Algorithms that load a reference whatever training.kl says (the other online ones load one for a KL penalty).
 ALWAYS_REFERENCED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "reference" in a.roles)
 CONDITIONED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.conditioned)
+STEP_LABELLED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.step_labelled)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 # Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.
 ONE_STEP_PER_ROLLOUT: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "dpo-pairs")

@@ -12,7 +12,7 @@ from local_http import LocalServer, QuietHandler, read_json, reply
 
 from rlhf_api import contract
 from rlhf_api.validation import validate
-from rlhf_api.v1alpha1 import RewardSpec
+from rlhf_api.v1alpha1 import RewardSpec, StepReward
 from rlhf_trainer.rewards import RewardError, RewardModelScorer, build_reward
 from rlhf_trainer.rewards import function as function_rewards
 from rlhf_trainer.backoff import Backoff
@@ -266,15 +266,15 @@ def test_reward_model_scores_prompt_plus_completion(reward_model_dir):
     # it is the classifier's output on prompt + completion + eos
     tokens = scorer.tokenizer(["p3dddd<|im_end|>"], return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
-        torch.testing.assert_close(scorer.model(**tokens).logits[0, 0], scores[3])
+        torch.testing.assert_close(scorer.model.classifier(**tokens).logits[0, 0], scores[3])
     assert scorer([], []).shape == (0,)
 
 
 def test_model_source_uses_the_scorer_it_is_given(tmp_path):
     calls = []
 
-    def remote_scorer(prompts, completions):  # e.g. a Ray actor's score call
-        calls.append((prompts, completions))
+    def remote_scorer(prompts, completions, steps):  # e.g. a Ray actor's score call
+        calls.append((prompts, completions, steps))
         return torch.tensor([10.0] * len(prompts))
 
     write(tmp_path / "length.py", LENGTH_REWARD)
@@ -283,7 +283,12 @@ def test_model_source_uses_the_scorer_it_is_given(tmp_path):
         base_dir=tmp_path, model_scorer=remote_scorer,
     )
     assert reward.score(PROMPTS, COMPLETIONS, LABELS).total.tolist() == [11, 12, 13, 14, 15]
-    assert calls == [(PROMPTS, COMPLETIONS)]
+    assert calls == [(PROMPTS, COMPLETIONS, None)]
+    # a process reward model's source hands the scorer its steps
+    reward = build_reward(spec({"name": "prm", "type": "model", "steps": {"aggregation": "product"}}),
+                          base_dir=tmp_path, model_scorer=remote_scorer)
+    reward.score(PROMPTS, COMPLETIONS, LABELS)
+    assert calls[-1][2] == StepReward(aggregation="product")
 
 
 def test_model_source_without_a_model_is_refused(tmp_path):

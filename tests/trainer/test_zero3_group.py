@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
+from rlhf_api.v1alpha1 import ModelSpec, StepReward, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
 from rlhf_trainer.workers.engine import ModelConfig
@@ -72,7 +72,8 @@ def test_two_rank_zero3_group_matches_one_rank(tiny_model, local_ray):
 
 def test_reward_model_group_scores_like_the_local_scorer(tiny_reward_model, local_ray):
     """The reward-model group (2 ZeRO-3 ranks) gives a `type: model` source the scores the
-    in-process RewardModelScorer gives; 5 texts over 2 ranks also exercise the padding."""
+    in-process RewardModelScorer gives, whole texts and step by step; 5 texts over 2 ranks also
+    exercise the padding."""
     from rlhf_trainer.rewards import RewardModelScorer
 
     placement = Placement(use_gpu=False, bundles=2, ranks={"reward": [0, 1]})
@@ -82,5 +83,10 @@ def test_reward_model_group_scores_like_the_local_scorer(tiny_reward_model, loca
                                     training=TrainingSpec(zero_stage=3, bf16=False, micro_rollout_batch_size=2))))
     prompts = ["Ada: Say c.", "Bo: Type a many times.", "Cy: Letter: h", "Dee: Say b.", "Eli: Please write d."]
     completions = ["ccc", "a", "hhhhhhhh", "", "dx"]
-    torch.testing.assert_close(group.score(prompts, completions), RewardModelScorer(path)(prompts, completions),
+    local = RewardModelScorer(path)
+    torch.testing.assert_close(group.score(prompts, completions), local(prompts, completions), rtol=1e-5, atol=1e-5)
+    # a process reward source's reading: each step's end, aggregated
+    completions = ["cc\nc", "a\n", "h\nhh\nhhh", "", "d\nx"]
+    steps = StepReward(aggregation="product")
+    torch.testing.assert_close(group.score(prompts, completions, steps), local(prompts, completions, steps),
                                rtol=1e-5, atol=1e-5)

@@ -15,6 +15,9 @@ micro-batches; training.epochs passes over the dataset, capped by training.maxSt
 - rm: a sequence classifier (spec.models.actor, a fresh score head if it is a causal LM) scored
   at the last token of prompt + response + eos, as rewards/model.py reads it, with the pairwise
   (Bradley-Terry) loss; exported in Hugging Face format, ready to serve as spec.models.reward.
+- prm: the same classifier read at the end of each step of a solution (data.sft records: a list of
+  steps and a label for each, joined by data.stepSeparator), with the binary cross-entropy against
+  each step's label; served as spec.models.reward to a source that reads it step by step (steps).
 
 The loop (batches, checkpoints, resuming) is loop.RunLoop's, shared with the online trainer. An
 algorithm's training step is found as catalogue objective key -> OBJECTIVES[key].step ->
@@ -22,7 +25,8 @@ workers.objectives.OFFLINE_STEPS[step], a function each rank runs on every micro
 
 Metrics (api.Metrics names where they exist): loss, learning_rate, epoch, <role>/grad_norm,
 time/experience (reference log-probs, the teacher's distributions), time/update, time/step; kd also
-teacher_kl; the preference algorithms and rm reward_accuracy, reward_margin, chosen_reward, rejected_reward.
+teacher_kl; the preference algorithms and rm reward_accuracy, reward_margin, chosen_reward, rejected_reward; prm
+step_accuracy.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ OBJECTIVES: dict[str, Objective] = {
     "sft": Objective(lambda d: (d.output_key,), step="sft", options=lambda spec: {}),
     "preference": Objective(_pair, step="preference", options=_preference_options),
     "pairwise": Objective(_pair, step="pairwise", options=lambda spec: {}),
+    # prm: records {inputKey, outputKey: [steps], labelKey: [labels]} (offline_data, step_labelled)
+    "process": Objective(lambda d: (d.output_key,), step="process", options=lambda spec: {}),
     "kd": Objective(lambda d: (d.output_key,), step="kd",
                     options=lambda spec: {"kl_coef": spec.training.distillation.kl_coef}),
     # kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
@@ -89,7 +95,8 @@ class OfflineTrainer(RunLoop):
         dataset = OfflineDataset.from_spec(
             data_spec, self.spec.data, self.tokenizer, response_keys=self.objective.response_keys(data_spec),
             base_dir=self.base_dir, seed=self.training.seed, name=self.algorithm.dataset,
-            flag_key=self.objective.flag_key(data_spec), conditioned_on_score=self.algorithm.conditioned)
+            flag_key=self.objective.flag_key(data_spec), conditioned_on_score=self.algorithm.conditioned,
+            step_labelled=self.algorithm.step_labelled)
         if len(dataset) < self.training.train_batch_size:
             raise ValueError(f"data.{self.algorithm.dataset} has {len(dataset)} records, fewer than one optimizer step "
                              f"of training.trainBatchSize={self.training.train_batch_size}: lower it or add records")

@@ -22,6 +22,7 @@ from torch import Tensor
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 
 from .data import conditioned, load_records, prompt_check, render_prompt, score_check, text_check
+from .rewards.process import step_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class OfflineExample:
     prompt_token_ids: list[int]
     responses: tuple[list[int], ...]  # sft: (response,); pairs: (chosen, rejected); each ends with eos
     desirable: bool | None = None  # kto records with a desirable flag (labelKey): whether the response is
+    # prm: (response position, 1.0 correct / 0.0 wrong) of each step, at its separator's last token
+    step_labels: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass
@@ -50,6 +53,7 @@ class OfflineBatch:
     step_tokens: Tensor | None = None  # [R] response tokens of the whole optimizer step (all micro-batches and ranks)
     teacher_logps: Tensor | None = None  # [R, T, k] kd: the teacher's k likeliest next tokens' log-probs, per response position
     teacher_ids: Tensor | None = None  # [R, T, k] kd: those tokens' ids
+    step_labels: Tensor | None = None  # [R, T] prm: 1. / 0. where a step ends (correct / wrong), -1. elsewhere
 
     @property
     def num_actions(self) -> int:
@@ -86,7 +90,14 @@ def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Ten
         desirable = torch.tensor([k == 0 for k in range(len(examples[0].responses)) for _ in examples])
     else:
         desirable = torch.tensor([bool(e.desirable) for e in examples])
-    return OfflineBatch(sequences, attention_mask, action_mask, reference, desirable, kl_logps)
+    step_labels = None
+    if examples[0].step_labels is not None:
+        step_labels = torch.full(action_mask.shape, -1.0)
+        for row, example in enumerate(examples):
+            for position, label in example.step_labels:
+                step_labels[row, position] = label
+    return OfflineBatch(sequences, attention_mask, action_mask, reference, desirable, kl_logps,
+                        step_labels=step_labels)
 
 
 def with_step_tokens(batch: OfflineBatch, step_tokens: Tensor) -> OfflineBatch:
@@ -115,10 +126,13 @@ class OfflineDataset:
     @classmethod
     def from_spec(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, response_keys: tuple[str, ...],
                   base_dir: Path, seed: int, name: str, flag_key: str | None = None,
-                  conditioned_on_score: bool = False) -> OfflineDataset:
+                  conditioned_on_score: bool = False, step_labelled: bool = False) -> OfflineDataset:
         """`response_keys`: the record keys of the responses (outputKey; chosenKey and rejectedKey);
         `flag_key`: the key of a desirable flag (kto's labelKey); conditioned_on_score: each prompt carries
-        its record's score (scoreKey) through data.scoreTemplate (csft)."""
+        its record's score (scoreKey) through data.scoreTemplate (csft); step_labelled: the response is a
+        list of steps, labelKey a label for each, the steps joined by data.stepSeparator (prm)."""
+        if step_labelled:
+            return cls._step_labelled(spec, data, tokenizer, base_dir=base_dir, seed=seed, name=name)
         keys = {spec.input_key: prompt_check(spec.apply_chat_template), **dict.fromkeys(response_keys, text_check),
                 **({flag_key: _flag_check} if flag_key else {}),
                 **({spec.score_key: score_check} if conditioned_on_score else {})}
@@ -148,6 +162,31 @@ class OfflineDataset:
         if truncated:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)
+        return cls(items)
+
+    @classmethod
+    def _step_labelled(cls, spec: DatasetSpec, data: DataSpec, tokenizer, *, base_dir: Path, seed: int,
+                       name: str) -> OfflineDataset:
+        """prm's records: {inputKey: prompt, outputKey: [step, ...], labelKey: [label, ...]} (TRL's stepwise
+        supervision); each step labelled at its separator's last token (rewards.process.step_token_ids, as
+        a process reward source reads it). A solution cut by data.maxTokens keeps the labels of its whole steps."""
+        keys = {spec.input_key: prompt_check(spec.apply_chat_template), spec.output_key: _steps_check,
+                spec.label_key: _step_labels_check}
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}",
+                               prepare=_one_label_a_step(spec.output_key, spec.label_key))
+        prompts = [render_prompt(r[spec.input_key], tokenizer, spec.apply_chat_template) for r in records]
+        items, cut = [], 0
+        for prompt, record in zip(tokenizer(prompts, add_special_tokens=False)["input_ids"], records):
+            prompt = prompt[-data.max_prompt_tokens:]
+            solution = step_token_ids(tokenizer, record[spec.output_key], data.step_separator)
+            room = data.max_tokens - len(prompt)
+            labels = tuple((end, float(_step_label(label))) for end, label in
+                           zip(solution.positions, record[spec.label_key]) if end < room)
+            cut += len(labels) < len(solution.positions)
+            items.append(OfflineExample(prompt, (solution.ids[:room],), step_labels=labels))
+        if cut:
+            log.warning("%d of %d %s solutions were longer than data.maxTokens=%d and lost their last steps",
+                        cut, len(items), name, data.max_tokens)
         return cls(items)
 
 
@@ -194,3 +233,30 @@ def _flag(value) -> bool | None:
 
 def _flag_check(value) -> str | None:
     return None if _flag(value) is not None else f"is the desirable flag: it must be true or false, not {value!r}"
+
+
+def _step_label(value) -> bool | None:
+    """A step's label: a desirable flag's forms, or Math-Shepherd's "+" / "-"."""
+    return value == "+" if value in ("+", "-") else _flag(value)
+
+
+def _steps_check(value) -> str | None:
+    if isinstance(value, list) and value and all(isinstance(step, str) for step in value):
+        return None
+    return f"is the solution's steps: it must be a non-empty list of strings, not {type(value).__name__}"
+
+
+def _step_labels_check(value) -> str | None:
+    if isinstance(value, list) and all(_step_label(label) is not None for label in value):
+        return None
+    return f"is the steps' labels: it must be a list of true/false, 1/0 or +/- (one a step), not {value!r}"
+
+
+def _one_label_a_step(steps_key: str, labels_key: str) -> Callable[[dict], dict]:
+    def check(record: dict) -> dict:
+        steps, labels = record.get(steps_key), record.get(labels_key)
+        if isinstance(steps, list) and isinstance(labels, list) and len(steps) != len(labels):
+            raise ValueError(f"{len(steps)} steps ({steps_key!r}) but {len(labels)} labels ({labels_key!r}): give "
+                             "each step one label")
+        return record
+    return check

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .base import APIModel, API_VERSION, DateTime, GROUP, KIND, PLURAL, Passthrough, Quantity, VERSION, cel, immutable, section
 from .models import JobModelRef, LoRASpec, ModelSpec, ModelsSpec, PVCSource
-from .reward import FunctionReward, HTTPReward, RewardSource, RewardSpec, SecretKeyRef
+from .reward import FunctionReward, HTTPReward, RewardSource, RewardSpec, SecretKeyRef, StepReward
 from .data import DataSpec, DatasetSource, DatasetSpec
 from .shaping import DynamicSamplingSpec, LengthShapingSpec
 from .environment import EnvironmentClass, EnvironmentHTTP, EnvironmentSpec
@@ -47,6 +47,7 @@ __all__ = [
     "RewardSource",
     "RewardSpec",
     "SecretKeyRef",
+    "StepReward",
     "DataSpec",
     "DatasetSource",
     "DatasetSpec",

@@ -7,6 +7,7 @@ from pydantic import Field
 from .. import algorithms
 from ..algorithms import prose
 from .base import APIModel, cel
+from .reward import DEFAULT_STEP_SEPARATOR
 
 PREFERENCES = algorithms.reading("preferences")
 
@@ -34,13 +35,18 @@ class DatasetSpec(APIModel):
     """The datasets to mix."""
     input_key: str = Field("prompt", max_length=128)
     """Record key of the prompt (a string, or a list of chat messages)."""
-    label_key: str | None = Field(None, max_length=128)
-    """Record key passed to reward functions as the label (e.g. the reference answer); for kto, the desirable flag."""
+    label_key: str | None = Field(None, max_length=128, description=(
+        "Record key passed to reward functions as the label (e.g. the reference answer); for kto, the desirable flag; "
+        f"for {prose(algorithms.STEP_LABELLED)}, each step's label, a list as long as outputKey's steps (true/false, "
+        "1/0 or +/-: whether the step is correct)."))
     score_key: str | None = Field(None, max_length=128, description=(
         f"Record key of each response's quality score, a number ({prose(algorithms.CONDITIONED)}: the prompt is "
         "conditioned on it, see data.scoreTemplate)."))
-    output_key: str = Field("response", max_length=128)
-    """Record key of the target completion (sft): text, or a whole chat (a list of {"role", "content"} messages) whose last message, the assistant's, is the completion and the messages before it the prompt (in place of inputKey's)."""
+    output_key: str = Field("response", max_length=128, description=(
+        'Record key of the target completion (sft): text, or a whole chat (a list of {"role", "content"} messages) '
+        "whose last message, the assistant's, is the completion and the messages before it the prompt (in place of "
+        f"inputKey's); for {prose(algorithms.STEP_LABELLED)}, the solution's steps, a list of strings (TRL's stepwise "
+        "supervision: prompt, completions, labels)."))
     chosen_key: str = Field("chosen", max_length=128)
     """Record key of the preferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as for outputKey (OpenRLHF's preference datasets without a prompt key); a pair's chats share the messages before their last."""
     rejected_key: str = Field("rejected", max_length=128)
@@ -70,5 +76,9 @@ class DataSpec(APIModel):
         f"{prose(algorithms.CONDITIONED)}: the prompt the model is trained on, {{prompt}} the record's and {{score}} its "
         "scoreKey value (for chat messages, the last user message's content is filled in). At inference write the "
         "prompt the same way with the top score to ask for the best responses."))
+    step_separator: str = Field(DEFAULT_STEP_SEPARATOR, min_length=1, max_length=64, description=(
+        f"{prose(algorithms.STEP_LABELLED)}: what follows each step of a solution; the model learns each step's label "
+        "at the separator's last token. A reward source reading the model must split at the same "
+        "(reward.sources[].steps.separator)."))
     max_tokens: int = Field(2048, ge=16, le=1 << 20)
     """Maximum prompt + response length for offline algorithms (sft, dpo, ...): a longer response loses its end; a warning counts them."""

@@ -95,6 +95,10 @@ class RLHFJobSpec(APIModel):
         (f"self.algorithm in {cel_list(algorithms.CONDITIONED)} || !has(self.data.sft) || !has(self.data.sft.scoreKey)",
          f"only {prose(algorithms.CONDITIONED)} reads a score: remove data.sft.scoreKey or set algorithm: "
          f"{algorithms.CONDITIONED[0]}", ".data.sft.scoreKey"),
+        (f"!(self.algorithm in {cel_list(algorithms.STEP_LABELLED)}) || (has(self.data.sft) && "
+         "has(self.data.sft.labelKey))",
+         f"{prose(algorithms.STEP_LABELLED)} learns each step's label: set data.sft.labelKey to the records' list of "
+         "step labels (and data.sft.outputKey to their list of steps)", ".data"),
         (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
          "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
          ".rollout.samplesPerPrompt"),

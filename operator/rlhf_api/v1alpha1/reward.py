@@ -10,6 +10,8 @@ from .base import DNS_LABEL, APIModel, ObjectName, cel
 
 # module:name importable in the image, or file.py:name (function rewards and environment classes).
 ENTRYPOINT_PATTERN = r"^[A-Za-z0-9_./-]+(\.py)?:[A-Za-z_][A-Za-z0-9_]*$"
+# What ends each step of a solution, for a process reward model's training data and its reward source alike.
+DEFAULT_STEP_SEPARATOR = "\n"
 
 
 class SecretKeyRef(APIModel):
@@ -45,6 +47,15 @@ class HTTPReward(APIModel):
     """Bearer token for the Authorization header, read from a Secret at run time."""
 
 
+class StepReward(APIModel):
+    """How a process reward model (trained by algorithm prm) scores a completion: step by step."""
+
+    separator: str = Field(DEFAULT_STEP_SEPARATOR, min_length=1, max_length=64)
+    """What ends a step: the completion is split at it and each step scored at the separator after it, as the model was trained (its job's data.stepSeparator)."""
+    aggregation: Literal["min", "last", "product"] = "min"
+    """How the steps' scores (each the probability that the step is correct: the sigmoid of the model's score) make the completion's reward: min, its weakest step (Wang et al. 2024, Math-Shepherd); product, every step correct (Lightman et al. 2023); last, its final step's."""
+
+
 class RewardSource(APIModel):
     """One source of reward. The total reward is the weighted sum over sources."""
 
@@ -53,6 +64,8 @@ class RewardSource(APIModel):
         ("self.type != 'http' || has(self.http)", "a reward source of type http needs http.url", ".http"),
         ("self.type == 'function' || !has(self.function)", "function is set but type is not function; set type: function or remove function"),
         ("self.type == 'http' || !has(self.http)", "http is set but type is not http; set type: http or remove http"),
+        ("self.type == 'model' || !has(self.steps)",
+         "steps reads a process reward model (spec.models.reward): set type: model or remove steps", ".steps"),
     )
 
     name: str = Field(pattern=DNS_LABEL, max_length=63)
@@ -65,6 +78,8 @@ class RewardSource(APIModel):
     """The function, for type function."""
     http: HTTPReward | None = None
     """The endpoint, for type http."""
+    steps: StepReward | None = None
+    """For type model, when spec.models.reward is a process reward model (algorithm prm): score each step of the completion and aggregate; without it the model scores the whole completion at its last token."""
 
 
 class RewardSpec(APIModel):

@@ -36,7 +36,7 @@ from .preference import (
     ipo_loss,
     kto_loss,
 )
-from .reward_model import pairwise_reward_loss, reward_accuracy
+from .reward_model import pairwise_reward_loss, process_reward_loss, reward_accuracy, step_accuracy
 from .rollout_correction import RolloutWeights, truncated_is_weights
 from .sft import sft_loss, token_log_probs
 from .value import ValueLoss, value_loss, value_loss_per_token
@@ -68,8 +68,10 @@ __all__ = [
     "policy_loss",
     "ppo_clip_per_token",
     "ppo_policy_loss",
+    "process_reward_loss",
     "reward_accuracy",
     "sft_loss",
+    "step_accuracy",
     "token_log_probs",
     "top_k_forward_kl",
     "truncated_is_weights",

@@ -1,4 +1,4 @@
-"""Pairwise reward-model loss."""
+"""Reward-model losses: pairwise (outcome) and per step (process)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,14 @@ def pairwise_reward_loss(
 def reward_accuracy(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
     """Share of pairs [B] where the chosen response scores strictly higher."""
     return (chosen_rewards > rejected_rewards).to(chosen_rewards.dtype).mean()
+
+
+def process_reward_loss(step_scores: Tensor, labels: Tensor) -> Tensor:
+    """Binary cross-entropy of each step's score [S] (a logit) against its label [S] (1. correct, 0. wrong), the
+    mean over the steps (Lightman et al. 2023, arXiv 2305.20050; Wang et al. 2024, Math-Shepherd, arXiv 2312.08935)."""
+    return F.binary_cross_entropy_with_logits(step_scores.float(), labels.float())
+
+
+def step_accuracy(step_scores: Tensor, labels: Tensor) -> Tensor:
+    """Share of steps [S] whose score says what their label does (positive for a correct step)."""
+    return ((step_scores > 0) == (labels > 0.5)).float().mean()

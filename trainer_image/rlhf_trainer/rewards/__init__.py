@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlhf_api.v1alpha1 import RewardSource, RewardSpec
+from rlhf_api.v1alpha1 import RewardSource, RewardSpec, StepReward
 
 from .. import redact
 from .function import function_source
@@ -36,7 +36,8 @@ class SourceContext:
     """What builders may need besides the source itself."""
 
     base_dir: Path  # the job file's directory: relative paths start here
-    model_scorer: Callable[[list[str], list[str]], Tensor] | None  # scores for type model (e.g. a Ray actor's)
+    # scores for type model (e.g. a Ray actor's): (prompts, completions, the source's steps or None) -> [N]
+    model_scorer: Callable[[list[str], list[str], StepReward | None], Tensor] | None
 
 
 SOURCE_BUILDERS: dict[str, Callable[[RewardSource, SourceContext], Scorer]] = {

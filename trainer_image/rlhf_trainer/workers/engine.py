@@ -168,6 +168,10 @@ class Model:
         """V(s_t) [B, T]: the value of the prefix before each response token."""
         return self.engine(sequences, attention_mask)[:, :-1][:, -num_actions:]
 
+    def response_scores(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+        """The classifier's score at each response token [B, T] (a process reward model's, read where steps end)."""
+        return self.engine(sequences, attention_mask)[:, -num_actions:]
+
     def last_token_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
         """The classifier's score at the last real token of each right-padded row [B]."""
         values = self.engine(sequences, attention_mask)  # [B, S]

@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import Tensor
 
 from rlhf_api.algorithms import ALGORITHMS
-from rlhf_api.v1alpha1 import RLHFJobSpec
+from rlhf_api.v1alpha1 import RLHFJobSpec, StepReward
 from rlhf_api.validation import FieldError, InvalidJob
 
 from ..experience import Experience
@@ -293,11 +293,12 @@ class ModelGroup:
                          for w, s in zip(self.workers, shards)])
         return tuple(torch.cat(side)[:rows] for side in zip(*parts))
 
-    def score(self, prompts: list[str], completions: list[str]) -> Tensor:
-        """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer)."""
+    def score(self, prompts: list[str], completions: list[str], steps: StepReward | None = None) -> Tensor:
+        """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer;
+        steps: read step by step, see ModelWorker.score)."""
         shards, pad = self._shards(len(prompts))
         prompts, completions = prompts + prompts[-1:] * pad, completions + completions[-1:] * pad
-        scores = ray.get([w.score.remote(prompts[s], completions[s]) for w, s in zip(self.workers, shards)])
+        scores = ray.get([w.score.remote(prompts[s], completions[s], steps) for w, s in zip(self.workers, shards)])
         return torch.cat(scores)[: len(prompts) - pad]
 
     def train(self, experience: Experience, **split) -> list[ray.ObjectRef]:

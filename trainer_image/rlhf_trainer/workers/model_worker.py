@@ -25,8 +25,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from rlhf_api.v1alpha1 import StepReward
+
 from ..experience import Experience
 from ..offline_data import OfflineBatch
+from ..rewards.process import read_texts, score_reads
 from . import weights
 from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
@@ -99,26 +102,16 @@ class ModelWorker:
         return outputs
 
     @torch.no_grad()
-    def score(self, prompts: list[str], completions: list[str]) -> Tensor:
-        """Reward model: one score per prompt + completion [B], read at the last token.
-
-        The text is the one rewards.model.RewardModelScorer scores: ending with eos, as the
-        sequences reward models learn on do, and truncated from the left to the model's context.
-        """
-        model, tokenizer = self.model, self.model.tokenizer
-        texts = [prompt + completion + tokenizer.eos_token for prompt, completion in zip(prompts, completions)]
-        tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
-        micro = model.cfg.training.micro_rollout_batch_size
-        scores = []
-        for start in range(0, len(texts), micro):
-            batch = tokenizer(
-                texts[start:start + micro], return_tensors="pt", padding=True, truncation=True,
-                max_length=model.engine.module.classifier.config.max_position_embeddings, add_special_tokens=False,
-            ).to(model.device)
-            rewards = model.engine(batch.input_ids, batch.attention_mask)  # [b, S]
-            last = batch.attention_mask.sum(-1) - 1
-            scores.append(rewards.gather(1, last.unsqueeze(1)).squeeze(1).cpu())
-        return torch.cat(scores)
+    @torch.no_grad()
+    def score(self, prompts: list[str], completions: list[str], steps: StepReward | None = None) -> Tensor:
+        """Reward model: one reward per prompt + completion [B] (rewards.process.read_texts says what is read:
+        the text with eos at its last token; with steps, each step's end, aggregated), cut from the left
+        to the model's context; the same as rewards.model.RewardModelScorer for the whole text."""
+        model = self.model
+        reads = read_texts(model.tokenizer, prompts, completions, steps,
+                           model.engine.module.classifier.config.max_position_embeddings)
+        return score_reads(lambda ids, mask: model.engine(ids.to(model.device), mask.to(model.device)).cpu(), reads,
+                           model.tokenizer.pad_token_id, model.cfg.training.micro_rollout_batch_size, steps)
 
     # -- training --------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
   algorithm: losses.POLICY_LOSSES) and `value_step` (the critic) on
   experience.Experience micro-batches;
 - offline (offline.py): OFFLINE_STEPS, keyed by offline.Objective.step, on offline_data.OfflineBatch
-  micro-batches: sft, kd, preference (dpo, ipo, cdpo, kto) and pairwise (rm).
+  micro-batches: sft, kd, preference (dpo, ipo, cdpo, kto), pairwise (rm) and process (prm).
 
 Each step calls Model.backward_step once: DeepSpeed steps the optimizer every trainBatchSize /
 (microTrainBatchSize * ranks) micro-batches (its gradient accumulation). The online losses are
@@ -32,8 +32,10 @@ from ..losses import (
     masked_sum,
     pairwise_reward_loss,
     policy_loss,
+    process_reward_loss,
     reward_accuracy,
     sft_loss,
+    step_accuracy,
     token_log_probs,
     top_k_forward_kl,
     truncated_is_weights,
@@ -183,6 +185,19 @@ def pairwise_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
     loss = pairwise_reward_loss(chosen, rejected)
     model.backward_step(loss)
     return {"loss": loss.item(), **_pair_metrics(chosen.detach(), rejected.detach())}
+
+
+@OFFLINE_STEPS.register("process")
+def process_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
+    """The reward model's score at the end of each step against the step's label (1 correct, 0 wrong), with
+    the binary cross-entropy of its sigmoid, the loss nowhere else (Lightman et al. 2023, arXiv:2305.20050;
+    Wang et al. 2024, Math-Shepherd, arXiv:2312.08935): the sigmoid is the probability that the step is correct."""
+    labelled = batch.step_labels >= 0
+    scores = model.response_scores(batch.sequences, batch.attention_mask, batch.num_actions)[labelled]
+    labels = batch.step_labels[labelled]
+    loss = process_reward_loss(scores, labels)
+    model.backward_step(loss)
+    return {"loss": loss.item(), "step_accuracy": step_accuracy(scores.detach(), labels).item()}
 
 
 def _pair_metrics(chosen: Tensor, rejected: Tensor) -> dict[str, float]:
