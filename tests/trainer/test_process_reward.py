@@ -136,8 +136,12 @@ def _held_out_step_accuracy(model_dir, records: list[dict]) -> float:
     return sum(right) / len(right)
 
 
-# Measured (deterministic, 2026-11-27): see the print; bounds well inside what it measured.
-PRM_STEPS, GRPO_STEPS, GRPO_GAIN = 16, 10, 0.15
+# Measured (deterministic, 2026-11-27): held-out step accuracy 0.48 -> 0.91; GRPO's task reward 0.059 -> 0.721 in
+# 10 steps (5-step means 0.09 -> 0.46) while the PRM's reward rose 0.36 -> 0.83. A PRM trained twice as long (or
+# on wrong steps of random tokens too) was right on 0.98-1.0 of the held-out steps yet scored the untrained
+# policy's byte noise at random, up to 0.98; GRPO then raised the PRM's reward (0.64 -> 0.91) and not the task's
+# (0.06): reward hacking of a model outside its data, which the task reward that only watches shows.
+PRM_STEPS, GRPO_STEPS, GRPO_GAIN = 32, 10, 0.15
 
 
 def test_a_process_reward_model_learns_held_out_steps_and_grpo_learns_the_task_from_it(
@@ -155,7 +159,7 @@ def test_a_process_reward_model_learns_held_out_steps_and_grpo_learns_the_task_f
         "models": {"actor": {"path": str(tiny_reward_model), "dtype": "float32"}},
         "data": {"sft": {"sources": [{"path": "data/steps.jsonl"}], "outputKey": "completions", "labelKey": "labels"},
                  "maxPromptTokens": 48, "maxTokens": 80},
-        "training": {"zeroStage": 2, "bf16": False, "learningRate": 1.0e-3, "lrWarmupRatio": 0.0,
+        "training": {"zeroStage": 2, "bf16": False, "learningRate": 1.0e-3, "lrWarmupRatio": 0.0, "epochs": 2,
                      "lrScheduler": "constant", "trainBatchSize": 16, "microTrainBatchSize": 8, "seed": 42,
                      "maxSteps": PRM_STEPS},
         "resources": {"nodes": 1, "gpusPerNode": 0},
