@@ -3,8 +3,6 @@ and train-pairs.jsonl and eval-pairs.jsonl, the same prompts as preference pairs
 as the equation the base model writes ("7 + 5 = 12"), rejected the equation off by one, half of them
 after a rambling sentence (the base model's two failures: a near miss, and a preamble that runs past
 maxNewTokens). A bare-number chosen taught brevity instead of sums: the held-out score fell.
-train-steps.jsonl and eval-steps.jsonl (prm) label each step of such answers: a step is right when
-what it states is (the preamble's first sentence is; an equation is when its sum is).
 
     python manifests/examples/arithmetic/make_data.py   # deterministic; the files are checked in
 """
@@ -39,21 +37,6 @@ def preference_pairs(rows, rng):
     return pairs
 
 
-def step_labelled(rows, rng):
-    """Each record as a solution in steps (TRL's stepwise form): an equation or a bare number, right or off by
-    one, alone or after the preamble's sentence, each step labelled whether it is right."""
-    records = []
-    for row in rows:
-        a, b = map(int, re.findall(r"\d+", row["prompt"]))
-        answer = a + b + rng.choice((0, 0, -1, 1))
-        last = rng.choice((EQUATION.format(a=a, b=b, sum=answer), str(answer)))
-        steps, labels = [last], [answer == a + b]
-        if rng.random() < 0.5:
-            steps, labels = [f"To find the sum of {a} and {b}, we add the two numbers together."] + steps, [True] + labels
-        records.append({"prompt": row["prompt"], "completions": steps, "labels": labels})
-    return records
-
-
 def write(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -68,4 +51,3 @@ if __name__ == "__main__":
         rng.shuffle(rows)
         write(here / f"{name}.jsonl", rows)
         write(here / f"{name}-pairs.jsonl", preference_pairs(rows, random.Random(name)))
-        write(here / f"{name}-steps.jsonl", step_labelled(rows, random.Random(f"{name}-steps")))
