@@ -23,6 +23,15 @@ LLAMA3_8B = CONFIGS / "meta-llama" / "Meta-Llama-3-8B"
 QWEN25_7B = CONFIGS / "Qwen" / "Qwen2.5-7B-Instruct"
 
 
+def test_the_cuda_context_per_process_is_no_less_than_a_gpu_measured():
+    """benchmarks/gpu_check.py's figure from a real GPU (its results file): the context, cuBLAS workspace and
+    NCCL buffers a process holds beyond torch's allocator. The plan assumed 0.5 GiB before the first GPU
+    measured 1.30 (H200, 2026-11-27)."""
+    measured = [json.loads(path.read_text())["zero3_step"]["context_gib"]
+                for path in (EXAMPLES.parents[1] / "benchmarks" / "results").glob("gpu_check_*.json")]
+    assert measured and CUDA_CONTEXT / GIB >= max(measured) - 0.005, (CUDA_CONTEXT / GIB, measured)
+
+
 def _counted(config, value_head: bool) -> int:
     """The parameters transformers builds for this config (on the meta device: no memory)."""
     auto = AutoModelForSequenceClassification if value_head else AutoModelForCausalLM

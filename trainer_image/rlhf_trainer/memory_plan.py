@@ -19,8 +19,9 @@ The estimates, per process on a GPU (bytes):
 - a vLLM engine awake: gpuMemoryUtilization x the GPU, all of it its weights, activations and KV cache
   (vLLM sizes the cache to fill its share), asleep nothing but its CUDA context (level 1 before the first
   rollout, its weights in host memory; level 2 in the loop, the weights dropped for the sync to replace);
-- CUDA_CONTEXT per process: the CUDA context, cuBLAS workspace and NCCL buffers (a typical figure, not
-  measured here: no GPU).
+- CUDA_CONTEXT per process: the CUDA context, cuBLAS workspace and NCCL buffers, as benchmarks/gpu_check.py
+  measured them (a process's GPU memory less what torch's allocator reserved): 1.30 GiB on an H200 with torch
+  2.11 / CUDA 13 and a one-rank NCCL group (2026-11-27). More NCCL peers add buffers.
 
 What the plan leaves out: the caching allocator's fragmentation and DeepSpeed's communication buckets
 (hundreds of MiB at most at these sizes). Treat a phase within a few GiB of the GPU's size as not fitting.
@@ -40,7 +41,7 @@ from .workers.engine import CAUSAL_LM_ROLES, TRAINED_ROLES
 from .workers.group import ROLLOUT, Placement
 
 GIB = 1 << 30
-CUDA_CONTEXT = GIB // 2
+CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
 # nvidia.com/gpu.product label -> the memory nvidia-smi reports (MiB)
 GPU_MEMORY_MIB = {
     "NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-H100-NVL": 95830, "NVIDIA-H200": 143771,
