@@ -7,8 +7,8 @@ bf16, its default group over NCCL), its weight-sync sender, and on the receiving
 runs (weight_sync.Handles and _unpack) in a second process.
 
 1. packing: packed and padded log-probs (workers/packing.py) and their gradients agree under sdpa;
-2. zero3-step: one ZeRO-3 bf16 training step over NCCL, and what the process holds after it, with and
-   without emptying the caching allocator (the figures memory_plan.py estimates);
+2. zero3-step: one ZeRO-3 bf16 training step over NCCL, its peak and what the process holds after it, with
+   and without emptying the caching allocator (the figures memory_plan.py estimates);
 3. ipc-sync: the actor's weights sent through CUDA IPC handles to a second process SYNCS times: every
    weight's checksum equal to the sender's, the receiver's memory not growing, GB/s;
 4. broadcast: a one-rank NCCL broadcast group (weight_sync.SyncGroup).
@@ -99,6 +99,8 @@ def _memory(device: str) -> dict:
 def check_zero3_step(worker: ModelWorker, device: str) -> dict:
     model = worker.model
     sequences, mask, actions = _batch(model.engine.module.config.vocab_size, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     log_probs = model.action_log_probs(sequences, mask, actions)
     loss = -(log_probs * mask[:, -actions:]).sum() / mask[:, -actions:].sum()
@@ -106,8 +108,11 @@ def check_zero3_step(worker: ModelWorker, device: str) -> dict:
     if device == "cuda":
         torch.cuda.synchronize()
     figures = {"step_seconds": time.perf_counter() - started, "loss": loss.item(),
-               "grad_norm": model.take_grad_norm(), "after_step": _memory(device)}
+               "grad_norm": model.take_grad_norm(), "after_step": _memory(device),
+               "batch": list(sequences.shape)}
     if device == "cuda":
+        # the step's peak, held state included: what memory_plan's train phase bounds (tests/trainer/test_memory_plan.py)
+        figures["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.empty_cache()
         figures["after_empty_cache"] = _memory(device)
         # what the process holds beyond the allocator's pool: the CUDA context, cuBLAS' workspace, NCCL's buffers
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype_name = "bfloat16" if cuda else "float32"
     path = build_tiny_model(Path(tempfile.mkdtemp()) / "model", shape=args.shape or ("qwen2-40m" if cuda else "tiny"))
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "dtype": dtype_name}
+              "dtype": dtype_name, "model_config": json.loads((path / "config.json").read_text())}
     report["packing"] = check_packing(path, args.device, getattr(torch, dtype_name))
 
     worker = ModelWorker(0, 1)
@@ -192,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                             train_batch_size=4, learning_rate=1e-5)
     worker.setup(ModelConfig(role="actor", path=str(path), model=ModelSpec(path=str(path), dtype=dtype_name),
                              training=training, use_gpu=cuda), "127.0.0.1", worker.store.port)
+    report["training"] = training.model_dump(mode="json", by_alias=True, exclude_unset=True)
     report["after_load"] = _memory(args.device)
     report["zero3_step"] = check_zero3_step(worker, args.device)
     report["ipc_sync"] = check_ipc_sync(worker, args.device, dtype_name)

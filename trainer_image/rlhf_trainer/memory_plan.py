@@ -23,8 +23,13 @@ The estimates, per process on a GPU (bytes):
   measured them (a process's GPU memory less what torch's allocator reserved): 1.30 GiB on an H200 with torch
   2.11 / CUDA 13 and a one-rank NCCL group (2026-11-27). More NCCL peers add buffers.
 
-What the plan leaves out: the caching allocator's fragmentation and DeepSpeed's communication buckets
-(hundreds of MiB at most at these sizes). Treat a phase within a few GiB of the GPU's size as not fitting.
+- DEEPSPEED_BUFFERS per trained rank: what DeepSpeed's engine allocates beyond the weights, gradients and
+  optimizer state (its bucket and partition buffers, sized by its defaults rather than by the model), as
+  benchmarks/gpu_check.py measured it: a 39M-parameter model's ZeRO-3 bf16 step peaked at 1.73 GiB allocated
+  where the rest of the plan counts 0.84 (H200, 2026-11-27).
+
+What the plan leaves out: the caching allocator's fragmentation. Treat a phase within a few GiB of the GPU's
+size as not fitting.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from .workers.group import ROLLOUT, Placement
 
 GIB = 1 << 30
 CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
+DEEPSPEED_BUFFERS = GIB  # measured 0.89 GiB, see above
 # nvidia.com/gpu.product label -> the memory nvidia-smi reports (MiB)
 GPU_MEMORY_MIB = {
     "NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-H100-NVL": 95830, "NVIDIA-H200": 143771,
@@ -205,6 +211,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             held["gradients"] = shape.params * dtype // split(2)
             if not training.offload_optimizer:
                 held["optimizer"] = shape.params * (12 if training.bf16 and dtype == 2 else 8) // split(1)
+            held["deepspeed buffers"] = DEEPSPEED_BUFFERS
         extra = {}
         if online or role == "reference":  # rollouts are scored by every model; dpo's reference reads each batch
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size
