@@ -158,3 +158,26 @@ def test_a_teacher_of_another_vocabulary_is_refused(toy_job, tiny_model, tmp_pat
     # The same teacher with the actor's vocabulary passes the check.
     (teacher / "config.json").write_text(json.dumps(config))
     check(validate(yaml.safe_load(job.read_text())).spec, job.parent)
+
+
+def test_a_process_reward_model_is_read_at_the_separator_it_learnt(toy_job, tiny_reward_model, tmp_path, capsys):
+    """prm records its data.stepSeparator in the exported config (step_separator): a source that reads that
+    model whole, or splits at another separator, would score positions it never learnt, and is refused."""
+    import json
+    import shutil
+
+    prm = tmp_path / "prm"
+    shutil.copytree(tiny_reward_model, prm)
+    config = json.loads((prm / "config.json").read_text())
+    (prm / "config.json").write_text(json.dumps({**config, "step_separator": "\n\n"}))
+    letter = yaml.safe_load(toy_job().read_text())["spec"]["reward"]["sources"][0]
+    for steps, where, says in ((None, "spec.reward.sources[0]", "read it step by step"),
+                               ({"separator": "\n"}, "spec.reward.sources[0].steps.separator",
+                                "learnt steps ending in '\\n\\n', not '\\n'")):
+        source = {"name": "prm", "type": "model", **({"steps": steps} if steps else {})}
+        job = toy_job(**{"models.reward": {"path": str(prm)}, "reward.sources": [source, letter]})
+        error = refused(job, tmp_path, capsys)
+        assert where in error and says in error, error
+    job = toy_job(**{"models.reward": {"path": str(prm)},
+                     "reward.sources": [{"name": "prm", "type": "model", "steps": {"separator": "\n\n"}}, letter]})
+    check(validate(yaml.safe_load(job.read_text())).spec, job.parent)

@@ -194,5 +194,7 @@ def test_a_process_reward_model_learns_held_out_steps_and_grpo_learns_the_task_f
               f"reward per step {[round(r, 3) for r in task]}, the prm's "
               f"{[round(m['reward/prm'], 3) for m in metrics('letters-grpo')]}")
     assert len(training) == PRM_STEPS and len(task) == GRPO_STEPS
+    exported = json.loads((tmp_path / "out" / "letters-prm" / "checkpoints" / "final" / "config.json").read_text())
+    assert exported["step_separator"] == "\n"  # what checks.py holds a reading source to
     assert accuracy["after"] >= 0.8 and accuracy["after"] > accuracy["before"] + 0.2, accuracy
     assert sum(task[-5:]) / 5 > sum(task[:5]) / 5 + GRPO_GAIN, task

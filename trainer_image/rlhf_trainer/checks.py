@@ -20,6 +20,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 from .data import missing_dataset
 from .memory_plan import GPU_MEMORY_MIB, local_config, plan_memory, refuse_unless_fits, shapes_of
 from .paths import model_path
+from .rewards.process import STEP_SEPARATOR_KEY
 from .workers.group import Placement, plan_placement
 
 
@@ -60,7 +61,7 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
             refuse("spec.resources.gpus", f"with colocation all every role runs on the same GPUs, but the counts "
                    f"differ ({', '.join(f'{r}={n}' for r, n in counts.items())}): set them equal or remove them")
     errors += _missing_data(spec, base_dir) + _unusable_reward_functions(spec, base_dir)
-    errors += _teacher_vocabulary(spec, base_dir)
+    errors += _teacher_vocabulary(spec, base_dir) + _process_reward_reading(spec, base_dir)
     if errors:
         raise InvalidJob(errors)
 
@@ -174,6 +175,27 @@ def _local_config(spec: RLHFJobSpec, role: str, base_dir: Path) -> dict:
 def _context_length(spec: RLHFJobSpec, base_dir: Path) -> int | None:
     """max_position_embeddings of a local actor."""
     return _local_config(spec, "actor", base_dir).get("max_position_embeddings")
+
+
+def _process_reward_reading(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:
+    """A process reward model (its config holds the separator prm trained it with) is read step by step at that
+    separator: read whole, or split elsewhere, it scores positions it never learnt."""
+    if spec.reward is None or spec.models.reward is None:
+        return []
+    learnt = _local_config(spec, "reward", base_dir).get(STEP_SEPARATOR_KEY)
+    errors = []
+    for i, source in enumerate(spec.reward.sources):
+        if source.type != "model" or learnt is None:
+            continue
+        if source.steps is None:
+            errors.append(FieldError(f"spec.reward.sources[{i}]", f"spec.models.reward is a process reward model (prm "
+                                     f"trained it on steps ending in {learnt!r}): read it step by step with "
+                                     f"steps: {{separator: {learnt!r}, aggregation: min}}"))
+        elif source.steps.separator != learnt:
+            errors.append(FieldError(f"spec.reward.sources[{i}].steps.separator", f"the process reward model learnt "
+                                     f"steps ending in {learnt!r}, not {source.steps.separator!r}: set separator to "
+                                     f"{learnt!r}"))
+    return errors
 
 
 def _teacher_vocabulary(spec: RLHFJobSpec, base_dir: Path) -> list[FieldError]:

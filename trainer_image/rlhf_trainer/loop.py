@@ -101,6 +101,8 @@ class RunLoop(ABC):
 
     def _model_config(self, role: str, **config: Any) -> ModelConfig:
         _, model = self.spec.models.source(role)
+        if self.algorithm.step_labelled and role == self.algorithm.roles[0]:
+            config["step_separator"] = self.spec.data.step_separator
         return ModelConfig(role=role, path=model_path(self.spec.models, role, self.base_dir), model=model,
                            training=self.training, use_gpu=self.placement.use_gpu, algorithm=self.spec.algorithm,
                            **config)

@@ -19,6 +19,9 @@ from rlhf_api.v1alpha1 import StepReward
 
 from ..losses import Registry
 
+# The key of a process reward model's config.json that holds the separator it learnt (written by prm's export,
+# checked against a reward source's steps.separator before a run starts: checks.py).
+STEP_SEPARATOR_KEY = "step_separator"
 # [steps] probabilities that each step is correct -> the completion's reward (a 0-d tensor)
 STEP_AGGREGATIONS: Registry[Callable[[Tensor], Tensor]] = Registry("step aggregation")
 

@@ -25,6 +25,7 @@ from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..losses import token_log_probs
+from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
 
@@ -47,6 +48,8 @@ class ModelConfig:
     use_gpu: bool = False
     max_new_tokens: int | None = None  # online: rollout.maxNewTokens, seq-mean-token-sum-norm's constant
     algorithm: str = "ppo"  # spec.algorithm: its catalogue entry names the actor's policy loss
+    # prm's rm: data.stepSeparator, kept in the model's config (rewards.process.STEP_SEPARATOR_KEY) for its readers
+    step_separator: str | None = None
 
     def __post_init__(self) -> None:
         # A job's training section has the algorithm's defaults already (RLHFJobSpec); a bare one gets them here.
@@ -243,6 +246,8 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
         hf_model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
     else:
         hf_model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load)
+        if cfg.step_separator is not None:  # exported with the model: what a reward source must split at
+            setattr(hf_model.config, STEP_SEPARATOR_KEY, cfg.step_separator)
     tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
     peft = apply_lora(hf_model, lora, cfg.role) if lora else None  # in place: hf_model stays the module
     if not trainable:
