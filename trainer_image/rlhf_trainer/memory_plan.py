@@ -26,7 +26,7 @@ The estimates, per process on a GPU (bytes):
 - DEEPSPEED_BUFFERS per trained rank: what DeepSpeed's engine allocates beyond the weights, gradients and
   optimizer state (its bucket and partition buffers, sized by its defaults rather than by the model), as
   benchmarks/gpu_check.py measured it: a 39M-parameter model's ZeRO-3 bf16 step peaked at 1.73 GiB allocated
-  where the rest of the plan counts 0.84 (H200, 2026-11-27).
+  where the rest of the plan counts 0.84, and a 0.34M-parameter one's at 1.00 GiB (H200, 2026-11-27).
 
 What the plan leaves out: the caching allocator's fragmentation. Treat a phase within a few GiB of the GPU's
 size as not fitting.
@@ -47,7 +47,7 @@ from .workers.group import ROLLOUT, Placement
 
 GIB = 1 << 30
 CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
-DEEPSPEED_BUFFERS = GIB  # measured 0.89 GiB, see above
+DEEPSPEED_BUFFERS = GIB  # measured 0.89 and 0.99 GiB, see above
 # nvidia.com/gpu.product label -> the memory nvidia-smi reports (MiB)
 GPU_MEMORY_MIB = {
     "NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-H100-NVL": 95830, "NVIDIA-H200": 143771,
