@@ -73,13 +73,12 @@ def read_texts(tokenizer, prompts: list[str], completions: list[str], steps: Ste
     whose end is cut off is not read). Without steps: the text with eos, as rm trains on it, read at its end."""
     if not prompts:
         return []  # a tokenizer refuses an empty batch
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     if steps is None:
         texts = [p + c + tokenizer.eos_token for p, c in zip(prompts, completions)]
         whole = tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [_cut(ReadText(ids, [len(ids) - 1]), max_length) for ids in whole]
     reads = []
-    for prompt, completion in zip(prompt_ids, completions):
+    for prompt, completion in zip(tokenizer(prompts, add_special_tokens=False)["input_ids"], completions):
         solution = step_token_ids(tokenizer, split_steps(completion, steps.separator), steps.separator)
         reads.append(_cut(ReadText(prompt + solution.ids, [len(prompt) + end for end in solution.positions]),
                           max_length))
