@@ -6,7 +6,7 @@
 - task score: the mean reward.py score of `samples` completions per eval.jsonl prompt, sampled as the
   GRPO example's evaluation samples (temperature 0.7, 32 new tokens, ending at the end-of-turn token).
 
-    python manifests/examples/arithmetic/evaluate.py BASE_MODEL [TRAINED_MODEL] [--beta 0.1]
+    python manifests/examples/arithmetic/evaluate.py BASE_MODEL [TRAINED_MODEL] [--beta 0.1] [--score 5]
 """
 
 import argparse
@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_api.v1alpha1 import DataSpec, DatasetSpec
-from rlhf_trainer.data import render_prompt
+from rlhf_trainer.data import conditioned, render_prompt
 from rlhf_trainer.losses import masked_sum, token_log_probs
 from rlhf_trainer.offline_data import OfflineDataset, pack
 from rlhf_trainer.workers.engine import position_ids
@@ -40,9 +40,11 @@ def pair_logps(model, tokenizer) -> torch.Tensor:
 
 
 @torch.no_grad()
-def task_score(model, tokenizer, samples: int, seed: int) -> float:
+def task_score(model, tokenizer, samples: int, seed: int, score_asked: float | None = None) -> float:
     records = [json.loads(line) for line in (HERE / "eval.jsonl").read_text().splitlines()]
-    prompts = [render_prompt(r["prompt"], tokenizer, apply_chat_template=True) for r in records]
+    asked = [r["prompt"] if score_asked is None else conditioned(r["prompt"], score_asked, DataSpec().score_template)
+             for r in records]
+    prompts = [render_prompt(prompt, tokenizer, apply_chat_template=True) for prompt in asked]
     tokenizer.padding_side = "left"  # every prompt's generation starts at the same position
     inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
@@ -62,6 +64,8 @@ def main():
     parser.add_argument("--beta", type=float, default=0.1, help="training.preference.beta of the run")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--score", type=float, default=None,
+                        help="csft: ask for this score through data.scoreTemplate's default (the trained model only)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     reference = None
@@ -75,7 +79,8 @@ def main():
             "preference_accuracy": (margin > 0).float().mean().item(),
             "preference_margin": margin.mean().item(),
             "logprob_preference_accuracy": (logps[:, 0] > logps[:, 1]).float().mean().item(),
-            "task_score": task_score(model, tokenizer, args.samples, args.seed),
+            "task_score": task_score(model, tokenizer, args.samples, args.seed,
+                                     args.score if name == args.trained else None),
         }), flush=True)
 
 

@@ -3,6 +3,8 @@ and train-pairs.jsonl and eval-pairs.jsonl, the same prompts as preference pairs
 as the equation the base model writes ("7 + 5 = 12"), rejected the equation off by one, half of them
 after a rambling sentence (the base model's two failures: a near miss, and a preamble that runs past
 maxNewTokens). A bare-number chosen taught brevity instead of sums: the held-out score fell.
+train-scored.jsonl (csft): each training pair's two answers as records of mixed quality, the right one scored
+5 and the wrong one 1.
 
     python manifests/examples/arithmetic/make_data.py   # deterministic; the files are checked in
 """
@@ -37,6 +39,12 @@ def preference_pairs(rows, rng):
     return pairs
 
 
+def scored(pairs):
+    """Each pair as two prompt/response records with a quality score: chosen 5, rejected 1."""
+    return [{"prompt": pair["prompt"], "response": pair[side], "score": score}
+            for pair in pairs for side, score in (("chosen", 5), ("rejected", 1))]
+
+
 def write(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -50,4 +58,7 @@ if __name__ == "__main__":
     for name, rows in (("train", records(train, TEMPLATES)), ("eval", records(held_out, TEMPLATES))):
         rng.shuffle(rows)
         write(here / f"{name}.jsonl", rows)
-        write(here / f"{name}-pairs.jsonl", preference_pairs(rows, random.Random(name)))
+        pairs = preference_pairs(rows, random.Random(name))
+        write(here / f"{name}-pairs.jsonl", pairs)
+        if name == "train":
+            write(here / "train-scored.jsonl", scored(pairs))
