@@ -183,9 +183,11 @@ def _process_reward_reading(spec: RLHFJobSpec, base_dir: Path) -> list[FieldErro
     if spec.reward is None or spec.models.reward is None:
         return []
     learnt = _local_config(spec, "reward", base_dir).get(STEP_SEPARATOR_KEY)
+    if learnt is None:  # an outcome reward model, or one trained elsewhere
+        return []
     errors = []
     for i, source in enumerate(spec.reward.sources):
-        if source.type != "model" or learnt is None:
+        if source.type != "model":
             continue
         if source.steps is None:
             errors.append(FieldError(f"spec.reward.sources[{i}]", f"spec.models.reward is a process reward model (prm "
