@@ -60,6 +60,19 @@ def toy_job(tiny_model, tmp_path):
     return lambda **spec: write_toy_job(tmp_path, tiny_model, **spec)
 
 
+@pytest.fixture(scope="module")
+def raft_teacher(tiny_model, local_ray, tmp_path_factory) -> Path:
+    """A teacher for distillation: the tiny model after raft's 10 steps on the toy task (reward 0.03 -> 0.18,
+    test_learning's test_reward_rises), exported."""
+    from rlhf_trainer.run import run
+
+    out = tmp_path_factory.mktemp("teacher")
+    job = write_toy_job(out, tiny_model, **{"algorithm": "raft", "training.maxSteps": 10, "training.episodes": 3,
+                                            "checkpoint.intervalSteps": 0})
+    assert run(job, output_dir=out / "run") == 0
+    return out / "run" / "checkpoints" / "final"
+
+
 @pytest.fixture(scope="session")
 def tiny_reward_model(tmp_path_factory) -> Path:
     from rlhf_trainer.tiny import build_tiny_model

@@ -277,6 +277,12 @@ def test_reverse_kl_favours_the_tokens_the_teacher_finds_likelier_and_ignores_th
     assert adv.tolist() == [[1.0, -1.0]]  # the teacher likelier: up; the actor likelier: down
     adv, _ = compute_advantages("reverse-kl", inputs, AdvantageConfig(gamma=0.0, reward_coef=0.1))
     assert adv.tolist() == [[1.0, -0.5]]  # the reward, weighed, on the last token
+    # the teacher's weight 0 (its divergence in the loss: jsdBeta): the reward alone, no log-ratio needed
+    without_teacher = AdvantageInputs(inputs.rewards, mask)
+    adv, _ = compute_advantages("reverse-kl", without_teacher, AdvantageConfig(gamma=0.0, reward_coef=0.1, teacher_coef=0))
+    assert adv.tolist() == [[0.0, 0.5]]
+    with pytest.raises(ValueError, match="needs the teacher's log-ratio"):
+        compute_advantages("reverse-kl", without_teacher, AdvantageConfig(gamma=0.0))
 
 
 def test_critic_free_advantage_is_constant_along_the_response_without_kl():
@@ -373,6 +379,26 @@ def test_experience_concat_aligns_prompts_left_and_responses_right():
     assert (both.sequences[2:, -2:] == -1).all() and not both.action_mask[2:, -2:].any()
     torch.testing.assert_close(both.advantages[2:, :2], b.advantages)
     torch.testing.assert_close(both.info["score"], torch.cat([a.info["score"], b.info["score"]]))
+
+
+def test_experience_concat_pads_the_teacher_s_top_k_on_the_response_side():
+    from dataclasses import replace
+
+    from rlhf_trainer.experience import Experience
+
+    def with_teacher(exp: Experience, k: int = 3) -> Experience:
+        b, t = exp.action_mask.shape
+        return replace(exp, teacher_logps=-torch.rand(b, t, k, dtype=torch.float64),
+                       teacher_ids=torch.randint(0, 100, (b, t, k)))
+
+    a, b = with_teacher(make_experience(2, prompt=3, t=4, seed=0)), with_teacher(make_experience(3, prompt=5, t=2, seed=1))
+    both = Experience.concat([a, b])
+    assert both.teacher_logps.shape == both.teacher_ids.shape == (5, 4, 3)
+    torch.testing.assert_close(both.teacher_logps[2:, :2], b.teacher_logps)  # the response's first tokens
+    assert not both.teacher_logps[2:, 2:].any() and not both.teacher_ids[2:, 2:].any()
+    torch.testing.assert_close(Experience.concat(both.split(2)).teacher_ids, both.teacher_ids)
+    with pytest.raises(ValueError, match=r"teacher_ids has shape \(5, 4\), expected \(5, 4, 'k'\)"):
+        replace(both, teacher_ids=both.teacher_ids[..., 0])
 
 
 def test_experience_split_round_trips_and_moves():

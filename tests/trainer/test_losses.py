@@ -24,7 +24,7 @@ from rlhf_trainer.losses import (
     reward_accuracy,
     sft_loss,
     token_log_probs,
-    top_k_forward_kl,
+    top_k_divergence,
     truncated_is_weights,
     value_loss,
 )
@@ -539,9 +539,48 @@ def test_top_k_forward_kl_is_the_full_kl_with_the_whole_vocabulary_and_zero_on_t
     teacher_logps = teacher.log_softmax(-1)
     full = (teacher_logps.exp() * (teacher_logps - student.log_softmax(-1))).sum(-1)
     top = teacher_logps.topk(7, dim=-1)
-    assert torch.allclose(top_k_forward_kl(student, top.values, top.indices), full, atol=1e-6)
+    assert torch.allclose(top_k_divergence(student, top.values, top.indices), full, atol=1e-6)
 
     top = teacher_logps.topk(3, dim=-1)  # a student with the teacher's top 3, renormalised, and nothing else
     copied = torch.full_like(student, -1e4).scatter(-1, top.indices, top.values)
-    assert top_k_forward_kl(copied, top.values, top.indices).abs().max() < 1e-5
-    assert (top_k_forward_kl(student, top.values, top.indices) > 0.01).all()
+    assert top_k_divergence(copied, top.values, top.indices).abs().max() < 1e-5
+    assert (top_k_divergence(student, top.values, top.indices) > 0.01).all()
+
+
+def generalized_jsd(p_teacher: torch.Tensor, p_student: torch.Tensor, beta: float) -> torch.Tensor:
+    """GKD's JSD(beta) over whole distributions [..., V], from its definition (0 log 0 = 0)."""
+    mixture = beta * p_teacher + (1 - beta) * p_student
+
+    def kl(p, q):
+        return torch.where(p > 0, p * (p.log() - q.log()), torch.zeros_like(p)).sum(-1)
+
+    return beta * kl(p_teacher, mixture) + (1 - beta) * kl(p_student, mixture)
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
+def test_the_generalized_jsd_is_gkd_s_over_the_whole_vocabulary_with_the_teacher_zero_off_its_top_k(beta):
+    torch.manual_seed(1)
+    student, teacher = torch.randn(2, 3, 11, dtype=torch.float64), torch.randn(2, 3, 11, dtype=torch.float64)
+    teacher_logps = teacher.log_softmax(-1)
+    for k in (11, 4):  # the whole vocabulary; the top 4, the teacher renormalised over them and 0 elsewhere
+        top = teacher_logps.topk(k, dim=-1)
+        truncated = torch.zeros_like(teacher).scatter(-1, top.indices, top.values.softmax(-1))
+        expected = generalized_jsd(truncated, student.softmax(-1), beta)
+        assert torch.allclose(top_k_divergence(student, top.values, top.indices, beta), expected.float(), atol=1e-5)
+
+    top = teacher_logps.topk(4, dim=-1)
+    copied = torch.full_like(student, -1e4).scatter(-1, top.indices, top.values)
+    assert top_k_divergence(copied, top.values, top.indices, beta).abs().max() < 1e-5
+    # a student with no mass on the teacher's k tokens: the reverse KL is infinite, the JSD its maximum, the
+    # entropy of the mixture's weights (disjoint distributions)
+    elsewhere = torch.zeros_like(student).scatter(-1, top.indices, -1e4)
+    disjoint = -beta * math.log(beta) - (1 - beta) * math.log(1 - beta)
+    assert torch.allclose(top_k_divergence(elsewhere, top.values, top.indices, beta),
+                          torch.full((2, 3), disjoint), atol=1e-5)
+
+
+def test_the_divergence_s_beta_must_be_below_one():
+    logits = torch.randn(1, 2, 5)
+    top = logits.log_softmax(-1).topk(2, dim=-1)
+    with pytest.raises(ValueError, match=r"beta must be in \[0, 1\)"):
+        top_k_divergence(logits, top.values, top.indices, 1.0)

@@ -342,8 +342,9 @@ def test_kd_learns_from_the_teacher_what_the_data_s_responses_do_not_say(tiny_mo
     """Knowledge distillation on data.sft: the records' responses are all refusals ("No."), but the teacher
     (the tiny model after SFT on the right answers) knows each prompt's letter. At held-out prompts the kd
     student gives the right answer a far higher log-probability than plain SFT on the same records: what it
-    learnt there came from the teacher's distributions, not from the responses. Measured (deterministic,
-    2026-11-27): -7.3 for kd against -19.0 for sft; the teacher KL per step 4.5 -> 0.78."""
+    learnt there came from the teacher's distributions, not from the responses; with GKD's JSD (jsdBeta 0.5) in
+    place of the forward KL too. Measured (deterministic, 2026-11-28): -7.3 for kd, -4.3 for kd with the JSD,
+    against -19.0 for sft; the teacher KL per step 4.5 -> 0.78, the JSD 0.656 -> 0.526."""
     teacher_dir = tmp_path / "teacher"
     teacher_dir.mkdir()
     _run(_write_job(teacher_dir, tiny_model, "sft", "sft", _sft_records(64), learningRate=5.0e-3, epochs=5,
@@ -351,23 +352,29 @@ def test_kd_learns_from_the_teacher_what_the_data_s_responses_do_not_say(tiny_mo
     teacher = teacher_dir / "out" / "checkpoints" / "final"
     refusals = [{"prompt": r["prompt"], "response": "No."} for r in toy_prompts(64, seed=3)]
     held_out = [{"prompt": r["prompt"], "response": r["label"] * 4} for r in toy_prompts(48, seed=7)]
-    right = {}
-    for algorithm in ("sft", "kd"):
-        directory = tmp_path / algorithm
+    right, divergences = {}, {}
+    for name, algorithm, jsd_beta in (("sft", "sft", None), ("kd", "kd", None), ("kd-jsd", "kd", 0.5)):
+        directory = tmp_path / name
         directory.mkdir()
         job_file = _write_job(directory, tiny_model, algorithm, "sft", refusals, learningRate=5.0e-3, epochs=5,
                               maxSteps=20)
         if algorithm == "kd":
             job = yaml.safe_load(job_file.read_text())
             job["spec"]["models"]["teacher"] = {"path": str(teacher), "dtype": "float32"}
+            if jsd_beta is not None:  # GKD's generalized JSD in place of the forward KL
+                job["spec"]["training"]["distillation"] = {"jsdBeta": jsd_beta}
             job_file.write_text(yaml.safe_dump(job))
         metrics = _run(job_file, directory / "out")
         dataset, pad = _dataset(tiny_model, held_out, ("response",), directory)
         logps, _ = _response_logps(directory / "out" / "checkpoints" / "final", dataset, pad)
-        right[algorithm] = logps.mean().item()
-    teacher_kl = [m["teacher_kl"] for m in metrics]
+        right[name] = logps.mean().item()
+        metric = "teacher_jsd" if jsd_beta is not None else "teacher_kl"
+        divergences[name] = [m[metric] for m in metrics] if algorithm == "kd" else None
     with capsys.disabled():
-        print(f"\nkd: held-out log-probability of the right letter {right}; teacher KL per step "
-              f"{[round(k, 3) for k in teacher_kl]}")
-    assert teacher_kl[-1] < teacher_kl[0] / 2, teacher_kl
-    assert right["kd"] > right["sft"] + 5.0, right
+        print(f"\nkd: held-out log-probability of the right letter {right}; divergence from the teacher per step "
+              f"{ {name: [round(k, 3) for k in d] for name, d in divergences.items() if d} }")
+    # the JSD (beta 0.5) is bounded by log 2 and starts near it; the refusals' NLL holds both divergences up
+    assert divergences["kd"][-1] < divergences["kd"][0] / 2, divergences
+    assert divergences["kd-jsd"][-1] < divergences["kd-jsd"][0] * 0.9, divergences
+    for name in ("kd", "kd-jsd"):
+        assert right[name] > right["sft"] + 5.0, right

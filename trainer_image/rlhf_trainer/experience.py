@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_SEQUENCE, _ACTION, _SAMPLE = "sequence", "action", "sample"
+_SEQUENCE, _ACTION, _TOP_K, _SAMPLE = "sequence", "action", "top-k", "sample"
 
 
 def _sequence():
@@ -30,6 +30,11 @@ def _action(required: bool = False):
     """A ``[B, T]`` per-response-token field (right-padded by ``concat``)."""
     meta = {"kind": _ACTION}
     return field(metadata=meta) if required else field(default=None, metadata=meta)
+
+
+def _top_k():
+    """An optional ``[B, T, k]`` per-response-token field of k entries (right-padded by ``concat``)."""
+    return field(default=None, metadata={"kind": _TOP_K})
 
 
 def _sample():
@@ -61,6 +66,10 @@ class Experience:
     advantages: Tensor | None = _action()
     # [B, T] return targets (the critic's targets for gae)
     returns: Tensor | None = _action()
+    # [B, T, k] the teacher's k likeliest next tokens at each response position: their log-probs, and
+    # [B, T, k] long their ids (distill with training.distillation.jsdBeta: the divergence in the actor's loss)
+    teacher_logps: Tensor | None = _top_k()
+    teacher_ids: Tensor | None = _top_k()
     # [B] sequence-level reward of each response
     rewards: Tensor | None = _sample()
     # [B] number of response tokens, action_mask.sum(-1)
@@ -87,6 +96,8 @@ class Experience:
         for name, kind, value in self._tensors():
             if kind == _ACTION and tuple(value.shape) != actions:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {actions}")
+            if kind == _TOP_K and (value.dim() != 3 or tuple(value.shape[:2]) != actions):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {actions + ('k',)}")
             if kind == _SAMPLE and tuple(value.shape) != (batch,):
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected ({batch},)")
 
@@ -164,7 +175,7 @@ class Experience:
             prompt = t.shape[1] - e.num_actions
             return F.pad(t, (max_p - prompt, max_t - e.num_actions), value=value)
 
-        def cat(name: str) -> Tensor:
+        def cat(name: str, kind: str) -> Tensor:
             parts = []
             for e in items:
                 t = getattr(e, name)
@@ -172,13 +183,15 @@ class Experience:
                     t = pad_sequence_part(e, t, pad_token_id)
                 elif name == "attention_mask":
                     t = pad_sequence_part(e, t, 0)
-                elif t.dim() == 2:  # action tensor [B, T]
+                elif kind == _ACTION:  # [B, T]
                     t = F.pad(t, (0, max_t - e.num_actions), value=0)
+                elif kind == _TOP_K:  # [B, T, k]
+                    t = F.pad(t, (0, 0, 0, max_t - e.num_actions), value=0)
                 parts.append(t)
             return torch.cat(parts, dim=0)
 
         changes = {
-            f.name: cat(f.name)
+            f.name: cat(f.name, f.metadata["kind"])
             for f in fields(cls)
             if f.name != "info" and getattr(first, f.name) is not None
         }

@@ -6,7 +6,8 @@ micro-batches; training.epochs passes over the dataset, capped by training.maxSt
 
 - sft: token NLL of the response (the prompt masked out), data.sft records; csft the same on prompts that
   carry each record's score (data.scoreTemplate with data.sft.scoreKey); kd the same plus the forward KL
-  to the teacher's next-token distributions at the response's tokens (its top-k, losses/distillation.py).
+  (or training.distillation.jsdBeta's divergence) to the teacher's next-token distributions at the response's
+  tokens (its top-k, losses/distillation.py).
 - dpo, ipo, cdpo: the actor against a frozen reference (spec.models.reference, else the actor's
   initial weights) on the summed log-probs of chosen and rejected responses, with
   losses.PREFERENCE_LOSSES[algorithm]; data.preferences pairs.
@@ -76,7 +77,8 @@ OBJECTIVES: dict[str, Objective] = {
     # prm: records {inputKey, outputKey: [steps], labelKey: [labels]} (offline_data, step_labelled)
     "process": Objective(lambda d: (d.output_key,), step="process", options=lambda spec: {}),
     "kd": Objective(lambda d: (d.output_key,), step="kd",
-                    options=lambda spec: {"kl_coef": spec.training.distillation.kl_coef}),
+                    options=lambda spec: {"kl_coef": spec.training.distillation.kl_coef,
+                                          "beta": spec.training.distillation.jsd_beta or 0.0}),
     # kto: records {input, outputKey, labelKey: desirable flag}; without labelKey, pairs (each one
     # desirable and one undesirable response).
     "kto": Objective(lambda d: (d.output_key,) if d.label_key else _pair(d), step="preference",
@@ -138,8 +140,8 @@ class OfflineTrainer(RunLoop):
         """kd: the batch with the teacher's k likeliest next tokens (log-probs and ids) at its response positions."""
         if "teacher" not in self.groups:
             return batch
-        logps, ids = self.groups["teacher"].top_log_probs(batch.sequences, batch.attention_mask, batch.num_actions,
-                                                          self.training.distillation.top_k)
+        logps, ids = self.groups["teacher"].start_top_log_probs(batch.sequences, batch.attention_mask,
+                                                                batch.num_actions, self.training.distillation.top_k)()
         return replace(batch, teacher_logps=logps, teacher_ids=ids)
 
     def _reference_logps(self, examples: list[OfflineExample]) -> torch.Tensor:

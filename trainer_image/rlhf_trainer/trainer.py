@@ -8,7 +8,8 @@ Each step, as in OpenRLHF's PPO trainer:
    reward-model group);
 3. the actor's log-probs of the completions (unless the update's forward gives them:
    `actor_scored_in_update`), the reference's (when training.kl.coef > 0, and for online-dpo), the
-   teacher's (distill) and the critic's values (ppo) (`_log_probs_and_values`);
+   teacher's (distill; with training.distillation.jsdBeta its top-k distributions instead) and the critic's
+   values (ppo) (`_log_probs_and_values`);
 4. the per-token KL (training.kl.estimator), subtracted from the reward or added to the loss
    (training.kl.placement) (`_kl`);
 5. advantages from the estimator the catalogue names for spec.algorithm (rlhf_api.algorithms)
@@ -88,6 +89,8 @@ class Scored:
     reference: Tensor | None  # log pi_ref (a KL penalty, online-dpo)
     teacher: Tensor | None  # log pi_teacher (distill)
     values: Tensor | None  # the critic's V(s_t) (ppo)
+    # the teacher's top-k log-probs and ids [B, T, k] each (distill with training.distillation.jsdBeta)
+    teacher_top: tuple[Tensor, Tensor] | None = None
 
     def log_ratio(self, other: Tensor | None) -> Tensor | None:
         """log pi_actor - log pi_other, or None without either."""
@@ -102,8 +105,14 @@ def actor_scored_in_update(spec: RLHFJobSpec) -> bool:
     training = spec.training
     return (training.epochs == 1
             and training.train_batch_size == training.rollout_batch_size * spec.rollout.samples_per_prompt
-            and ALGORITHMS[spec.algorithm].advantage not in READS_ACTOR_LOG_PROBS
+            and (ALGORITHMS[spec.algorithm].advantage not in READS_ACTOR_LOG_PROBS or teacher_in_loss(spec))
             and not (training.kl.coef > 0 and training.kl.placement == "reward"))
+
+
+def teacher_in_loss(spec: RLHFJobSpec) -> bool:
+    """distill with training.distillation.jsdBeta: the teacher's top-k distributions join the actor's loss
+    (GKD's divergence), in place of its sampled tokens' log-probs in the reward."""
+    return "teacher" in ALGORITHMS[spec.algorithm].roles and spec.training.distillation.jsd_beta is not None
 
 
 def in_turns(placement: Placement, roles: list[str], start: Callable[[str], Any], wait: Callable[[Any], Any]) -> dict:
@@ -325,6 +334,7 @@ class Trainer(RunLoop):
             rollout_log_probs=self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32),
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
+            **dict(zip(("teacher_logps", "teacher_ids"), scored.teacher_top or ())),
         )
         metrics = self._rollout_metrics(experience, rollout)
         if scored.teacher is not None:  # the per-token reverse KL to the teacher (k1), distill's loss
@@ -348,11 +358,18 @@ class Trainer(RunLoop):
         num_actions = action_mask.shape[1]
         roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups
                  and not (role == "actor" and self.actor_scored_in_update)]
-        results = in_turns(self.placement, roles,
-                           lambda role: self.groups[role].start_forward(sequences, attention_mask, num_actions),
-                           lambda result: result())
+        top_k = self.training.distillation.top_k if teacher_in_loss(self.spec) else None
+
+        def start(role: str) -> Callable[[], Any]:
+            if role == "teacher" and top_k:
+                return self.groups[role].start_top_log_probs(sequences, attention_mask, num_actions, top_k)
+            return self.groups[role].start_forward(sequences, attention_mask, num_actions)
+
+        results = in_turns(self.placement, roles, start, lambda result: result())
         values = results["critic"] * action_mask if "critic" in results else None
-        return Scored(results.get("actor"), results.get("reference"), results.get("teacher"), values)
+        teacher = results.get("teacher")
+        return Scored(results.get("actor"), results.get("reference"), None if top_k else teacher, values,
+                      teacher_top=teacher if top_k else None)
 
     def _kl(self, log_probs: Tensor | None, base_log_probs: Tensor | None,
             action_mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
@@ -380,7 +397,7 @@ class Trainer(RunLoop):
                             keep_per_prompt=training.rejection_sampling.keep_per_prompt,
                             min_reward=training.rejection_sampling.min_reward,
                             beta=training.preference.beta,
-                            teacher_coef=training.distillation.kl_coef,
+                            teacher_coef=0.0 if teacher_in_loss(self.spec) else training.distillation.kl_coef,
                             reward_coef=training.distillation.reward_coef),
         )
 

@@ -133,11 +133,13 @@ class DistillationSpec(APIModel):
     """What distill (on-policy: Agarwal et al. 2024, GKD, arXiv:2306.13649; Gu et al. 2024, MiniLLM, arXiv:2306.08543) and kd (on data.sft: Hinton et al. 2015, arXiv:1503.02531) learn from the teacher."""
 
     kl_coef: float = Field(1.0, gt=0)
-    """Weight of the teacher. distill: each sampled token's reward is minus this times log pi_actor - log pi_teacher (the per-token reverse KL, whose expectation the policy gradient minimises); kd: the loss is the response's NLL plus this times the forward KL from the teacher's next-token distribution to the actor's at each response token. Metric teacher_kl is the KL's mean."""
+    """Weight of the teacher. distill: each sampled token's reward is minus this times log pi_actor - log pi_teacher (the per-token reverse KL, whose expectation the policy gradient minimises); kd: the loss is the response's NLL plus this times the forward KL from the teacher's next-token distribution to the actor's at each response token (jsdBeta: its divergence instead, for distill too). Metric teacher_kl is the KL's mean."""
     reward_coef: float = Field(0.0, ge=0)
     """distill: weight of spec.reward's total in the training signal. 0: the reward only measures (its metrics and spec.evaluation), the teacher alone teaches."""
     top_k: int = Field(20, ge=1, le=1024)
-    """kd: the teacher's k likeliest tokens at each response position, renormalised over them, are the soft target (what the teacher sends per token: k log-probs and ids, not the vocabulary)."""
+    """kd, and distill with jsdBeta: the teacher's k likeliest tokens at each response position, renormalised over them, are the soft target (what the teacher sends per token: k log-probs and ids, not the vocabulary)."""
+    jsd_beta: float | None = Field(None, ge=0, lt=1)
+    """GKD's generalized Jensen-Shannon divergence (Agarwal et al. 2024, arXiv:2306.13649) from the teacher's top_k next-token distribution to the actor's at every response token, with this beta: 0 is the forward KL(teacher || actor), which covers all of the teacher's likely tokens; toward 1 it seeks the teacher's likeliest ones, as the reverse KL does. distill: the divergence times kl_coef joins the policy loss, differentiated through the actor's whole distribution at each sampled position (the reward, weighted by reward_coef, stays the policy gradient's signal); unset: each sampled token's reverse KL, in the reward. kd: it replaces the forward KL (unset: 0). Metric teacher_jsd (teacher_kl at 0)."""
 
 
 class TrainingSpec(APIModel):

@@ -48,7 +48,7 @@ class AdvantageConfig:
     keep_per_prompt: int = 1  # best-of-n: the best samples of each group kept
     min_reward: float | None = None  # best-of-n: a kept sample's least reward
     beta: float = 0.1  # dpo-pairs: DPO's inverse temperature
-    teacher_coef: float = 1.0  # reverse-kl: the per-token reverse KL's weight in the reward
+    teacher_coef: float = 1.0  # reverse-kl: the per-token reverse KL's weight in the reward (0: the teacher is in the loss)
     reward_coef: float = 0.0  # reverse-kl: the sequence reward's weight
 
 
@@ -262,12 +262,13 @@ def reverse_kl(inputs: AdvantageInputs, cfg: AdvantageConfig) -> tuple[Tensor, T
     2306.08543): each sampled token's reward is ``-teacher_coef * (log pi_actor - log pi_teacher)``, whose
     expectation under the actor's sampling is minus the reverse KL to the teacher, plus ``reward_coef``
     times the sequence reward on the last token; the advantage is the discounted return (gamma 1: the
-    policy gradient of the whole sequence's reverse KL), not whitened.
+    policy gradient of the whole sequence's reverse KL), not whitened. ``teacher_coef`` 0: the teacher's
+    divergence is in the actor's loss instead (GKD, training.distillation.jsdBeta), the reward alone here.
     """
-    if inputs.teacher_log_ratio is None:
-        raise ValueError("reverse-kl needs the teacher's log-ratio (inputs.teacher_log_ratio), got None")
-    mask = inputs.action_mask.to(inputs.teacher_log_ratio.dtype)
     rewards = token_rewards(cfg.reward_coef * inputs.rewards, inputs.action_mask, inputs.kl_penalty)
-    rewards = rewards - cfg.teacher_coef * inputs.teacher_log_ratio * mask
+    if cfg.teacher_coef:
+        if inputs.teacher_log_ratio is None:
+            raise ValueError("reverse-kl needs the teacher's log-ratio (inputs.teacher_log_ratio), got None")
+        rewards = rewards - cfg.teacher_coef * inputs.teacher_log_ratio * inputs.action_mask.to(rewards.dtype)
     returns = discounted_returns(rewards, inputs.action_mask, cfg.gamma)
     return _finish(returns.clone(), returns, inputs.action_mask, cfg, whiten_by_default=False)

@@ -16,7 +16,7 @@ from .aggregation import (
     masked_var,
     masked_whiten,
 )
-from .distillation import top_k_forward_kl
+from .distillation import top_k_divergence
 from .entropy import entropy_bonus, entropy_from_logits
 from .policy import (
     POLICY_LOSSES,
@@ -73,7 +73,7 @@ __all__ = [
     "sft_loss",
     "step_accuracy",
     "token_log_probs",
-    "top_k_forward_kl",
+    "top_k_divergence",
     "truncated_is_weights",
     "value_loss",
     "value_loss_per_token",

@@ -284,14 +284,15 @@ class ModelGroup:
         return (shards, torch.cat([sequences, sequences[-1:].expand(pad, -1)]),
                 torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)]))
 
-    def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
+    def start_top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                            k: int) -> Callable[[], tuple[Tensor, Tensor]]:
         """The k likeliest tokens' log-probs and ids at each response position [B, T, k] (ModelWorker's),
-        the batch split over the ranks."""
+        the batch split over the ranks; sent without waiting, as `start_forward`."""
         rows = sequences.shape[0]
         shards, sequences, attention_mask = self._padded(sequences, attention_mask)
-        parts = ray.get([w.top_log_probs.remote(sequences[s], attention_mask[s], num_actions, k)
-                         for w, s in zip(self.workers, shards)])
-        return tuple(torch.cat(side)[:rows] for side in zip(*parts))
+        refs = [w.top_log_probs.remote(sequences[s], attention_mask[s], num_actions, k)
+                for w, s in zip(self.workers, shards)]
+        return lambda: tuple(torch.cat(side)[:rows] for side in zip(*ray.get(refs)))
 
     def score(self, prompts: list[str], completions: list[str], steps: StepReward | None = None) -> Tensor:
         """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer;

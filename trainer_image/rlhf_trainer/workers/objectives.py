@@ -37,7 +37,7 @@ from ..losses import (
     sft_loss,
     step_accuracy,
     token_log_probs,
-    top_k_forward_kl,
+    top_k_divergence,
     truncated_is_weights,
     value_loss,
 )
@@ -119,6 +119,11 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
     if training.entropy_coef:
         loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, mode, normalizer)
     metrics["entropy"] = float(masked_mean(entropy.detach(), exp.action_mask))
+    if exp.teacher_logps is not None:  # distill with training.distillation.jsdBeta: GKD's divergence in the loss
+        distillation = training.distillation
+        divergence = top_k_divergence(logits, exp.teacher_logps, exp.teacher_ids, distillation.jsd_beta)
+        loss = loss + distillation.kl_coef * aggregate_loss(divergence, exp.action_mask, mode, normalizer)
+        metrics[teacher_metric(distillation.jsd_beta)] = float(masked_mean(divergence.detach(), exp.action_mask))
     model.backward_step(loss)
     return metrics
 
@@ -147,17 +152,23 @@ def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
 
 
 @OFFLINE_STEPS.register("kd")
-def kd_step(model: Model, batch: OfflineBatch, kl_coef: float) -> dict[str, float]:
-    """The response's NLL plus kl_coef times the forward KL to the teacher's top-k next-token distributions
-    (the batch's teacher_logps and teacher_ids), both aggregated by training.lossAggregation."""
+def kd_step(model: Model, batch: OfflineBatch, kl_coef: float, beta: float) -> dict[str, float]:
+    """The response's NLL plus kl_coef times the divergence (forward KL at beta 0, GKD's JSD above) from the
+    teacher's top-k next-token distributions (the batch's teacher_logps and teacher_ids), both aggregated by
+    training.lossAggregation."""
     logits = model.action_logits(batch.sequences, batch.attention_mask, batch.num_actions)
     mode, normalizer = aggregation(model, batch)
     nll = sft_loss(token_log_probs(logits, batch.sequences[:, -batch.num_actions:]), batch.action_mask, mode, normalizer)
-    kl = aggregate_loss(top_k_forward_kl(logits, batch.teacher_logps, batch.teacher_ids), batch.action_mask, mode,
-                        normalizer)
-    loss = nll + kl_coef * kl
+    divergence = aggregate_loss(top_k_divergence(logits, batch.teacher_logps, batch.teacher_ids, beta),
+                                batch.action_mask, mode, normalizer)
+    loss = nll + kl_coef * divergence
     model.backward_step(loss)
-    return {"loss": loss.item(), "teacher_kl": kl.item()}
+    return {"loss": loss.item(), teacher_metric(beta): divergence.item()}
+
+
+def teacher_metric(beta: float) -> str:
+    """The metric of the divergence from the teacher's distributions: teacher_kl (forward, beta 0) or teacher_jsd."""
+    return "teacher_jsd" if beta else "teacher_kl"
 
 
 @OFFLINE_STEPS.register("preference")
