@@ -69,6 +69,7 @@ def trainer_with(colocation: str, calls: list[str]) -> SimpleNamespace:
     groups = {role: Group(role, calls) for role in ("actor", "reference", "critic")}
     training = SimpleNamespace(seed=1, train_batch_size=2, micro_train_batch_size=1, epochs=1)
     return SimpleNamespace(placement=placement, groups=groups, training=training, step=0, actor_scored_in_update=False,
+                           teacher_top_k=None,
                            trained_groups={role: groups[role] for role in ("actor", "critic")})
 
 
@@ -168,6 +169,8 @@ def test_without_the_actors_pass_the_other_groups_score_and_the_actor_is_left_no
     ("smollm2-grpo-cpu-job.yaml", {"kl": {"coef": 0.0, "placement": "reward"}}, True),  # no penalty to read
     ("smollm2-online-dpo-cpu-job.yaml", {}, False),  # its estimator reads the log-ratio to the reference
     ("smollm2-distill-cpu-job.yaml", {}, False),  # its estimator reads the log-ratio to the teacher
+    # GKD's divergence: the teacher's top-k distributions in the loss, no log-ratio before the update
+    ("smollm2-distill-cpu-job.yaml", {"distillation": {"klCoef": 1.0, "rewardCoef": 0, "jsdBeta": 0.5}}, True),
 ])
 def test_the_actor_is_scored_in_the_update_when_nothing_before_it_reads_its_log_probs(example, changes, skipped):
     manifest = yaml.safe_load((EXAMPLES / example).read_text())

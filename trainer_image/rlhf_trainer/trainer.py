@@ -138,6 +138,7 @@ class Trainer(RunLoop):
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt
         self.optimizer_steps = self.total_steps * self.training.epochs * samples // self.training.train_batch_size
         self.actor_scored_in_update = actor_scored_in_update(self.spec)
+        self.teacher_top_k = self.training.distillation.top_k if teacher_in_loss(self.spec) else None
         self.engines: list = []
         self.runner = None  # the multi-turn episode runner (spec.environment)
         self.evaluation = self.spec.evaluation and Evaluation(
@@ -358,7 +359,7 @@ class Trainer(RunLoop):
         num_actions = action_mask.shape[1]
         roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups
                  and not (role == "actor" and self.actor_scored_in_update)]
-        top_k = self.training.distillation.top_k if teacher_in_loss(self.spec) else None
+        top_k = self.teacher_top_k
 
         def start(role: str) -> Callable[[], Any]:
             if role == "teacher" and top_k:
