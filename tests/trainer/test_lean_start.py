@@ -77,7 +77,7 @@ def test_log_probs_of_actor_and_reference_at_once_equal_one_after_the_other(tiny
         one_by_one = [groups[role].forward(sequences, attention_mask, 8) for role in ("actor", "reference")]
 
         trainer = types.SimpleNamespace(groups=groups, actor=groups["actor"], placement=placement,
-                                        actor_scored_in_update=False)
+                                        actor_scored_in_update=False, teacher_top_k=None)
         scored = Trainer._log_probs_and_values(trainer, sequences, attention_mask, action_mask)
 
         assert scored.values is None and scored.teacher is None
