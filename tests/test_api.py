@@ -141,6 +141,19 @@ def test_engine_memory_defaults_to_vllm_s_unless_the_gpus_are_shared(example, gi
     assert validate(manifest).spec.engine_memory_utilization == resolved
 
 
+@pytest.mark.parametrize("dtype,bf16,engine", [
+    ("bfloat16", True, "bfloat16"),  # the defaults: DeepSpeed's bf16, the engines in the weights' dtype
+    ("float32", True, "bfloat16"),  # autocast on float32 weights: generation in bfloat16 too
+    ("float32", False, "float32"),
+    ("float16", True, "float16"),
+])
+def test_the_engines_generate_in_bfloat16_when_training_autocasts_float32_weights(dtype, bf16, engine):
+    manifest = yaml.safe_load((ROOT / "manifests/examples/smollm2-grpo-cpu-job.yaml").read_text())
+    manifest["spec"]["models"]["actor"]["dtype"] = dtype
+    manifest["spec"]["training"]["bf16"] = bf16
+    assert validate(manifest).spec.engine_dtype == engine
+
+
 def test_there_are_many_distinct_invalid_specs():
     assert len(INVALID) >= 15
     assert len({expectation(p, "expect") for p in INVALID}) == len(INVALID)

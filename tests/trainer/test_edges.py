@@ -384,3 +384,37 @@ def test_an_offloaded_optimizer_trains_on_cpu(tiny_model, one_rank):
     model.engine.backward(loss)
     model.engine.step()
     assert any(not torch.equal(p, q) for p, q in zip(before, model.engine.module.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16: autocast on float32 weights, or bfloat16 weights
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, updates_land", [("float32", True), ("bfloat16", False)],
+                         ids=["autocast-on-float32-weights", "bfloat16-weights"])
+def test_bf16_computes_in_bfloat16_and_keeps_small_updates_only_on_float32_weights(tiny_model, one_rank, dtype,
+                                                                                    updates_land):
+    """training.bf16: the passes' matmuls run in bfloat16 either way. On float32 weights (torch autocast) an
+    update far below bfloat16's grid (Adam's first step moves each weight by about the learning rate, 1e-7;
+    a weight of 0.02 has neighbours 8e-5 away in bfloat16) lands in the weights the next pass reads; on
+    bfloat16 weights DeepSpeed's float32 master copy takes it, but the copy the passes read rounds it away.
+    That is why a few steps of lr 1e-5 barely moved SmolLM2 in bfloat16 weights (benchmarks/README.md)."""
+    from rlhf_trainer.workers.engine import load_model
+
+    training = TrainingSpec(zero_stage=2, bf16=True, learning_rate=1e-7, weight_decay=0.0, lr_warmup_ratio=0,
+                            lr_scheduler="constant", train_batch_size=1, micro_train_batch_size=1, max_grad_norm=1e9)
+    model = load_model(ModelConfig(role="actor", path=str(tiny_model), training=training,
+                                   model=ModelSpec(path=str(tiny_model), dtype=dtype)), 0, 1)
+    projection = model.engine.module.model.layers[0].mlp.up_proj
+    outputs = []
+    hook = projection.register_forward_hook(lambda module, args, output: outputs.append(output.dtype))
+    before = projection.weight.detach().clone()
+    loss = model.engine(input_ids=torch.arange(3, 19)[None]).logits.float().square().mean()
+    model.engine.backward(loss)
+    model.engine.step()
+    hook.remove()
+    assert outputs == [torch.bfloat16]
+    assert projection.weight.dtype == getattr(torch, dtype)
+    moved = (projection.weight.detach() != before).float().mean().item()
+    assert (moved > 0.9) if updates_land else (moved < 0.01), moved

@@ -228,7 +228,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             gpus[bundle].engine_share = share
         actor = shapes["actor"]
         width = placement.engine_width
-        kv = share * total - actor.params * DTYPE_BYTES[spec.models.actor.dtype] / width - CUDA_CONTEXT
+        kv = share * total - actor.params * DTYPE_BYTES[spec.engine_dtype] / width - CUDA_CONTEXT
         kv_sequences = max(0, int(kv * width // (actor.kv_bytes_per_token * sequence)))
     notes = []
     if placement.engines_colocated:

@@ -152,7 +152,7 @@ class Trainer(RunLoop):
         # The engines first: vLLM takes the longest to start, and the model groups load meanwhile
         # unless they share bundles with it.
         self.engines = create_rollout_engines(
-            self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.models.actor.dtype,
+            self.placement_group, placement, self.actor_path, rollout=self.rollout, dtype=self.spec.engine_dtype,
             max_model_len=self.spec.data.max_prompt_tokens + self.rollout.max_new_tokens,
             seed=self.training.seed, revision=self.spec.models.actor.revision,
             sleep_mode=placement.use_gpu and placement.engines_colocated,
@@ -495,7 +495,7 @@ class Trainer(RunLoop):
             # two turns of a queued episode (asyncQueueSize), which must not straddle the update. Its
             # episodes queued before this sync finish first, as an engine's queued rollouts do.
             ray.get(self.runner.ready.remote())
-        sync_weights(self.weight_sync, dtype=self.spec.models.actor.dtype, version=version, partial=partial)
+        sync_weights(self.weight_sync, dtype=self.spec.engine_dtype, version=version, partial=partial)
 
     def _resume(self) -> bool:
         """RunLoop's resume, then the checkpoint's actor weights to the engines (they load the initial ones)."""

@@ -210,6 +210,13 @@ class RLHFJobSpec(APIModel):
             return self.rollout.gpu_memory_utilization
         return ENGINE_MEMORY_SHARED if self.training.colocation == "all" else ENGINE_MEMORY_ALONE
 
+    @property
+    def engine_dtype(self) -> str:
+        """The rollout engines' dtype: the actor's, but bfloat16 when training.bf16 autocasts a float32 actor
+        (generation in bfloat16 as the passes are; the weight sync sends that dtype)."""
+        actor = self.models.actor.dtype
+        return "bfloat16" if self.training.bf16 and actor == "float32" else actor
+
     def code_config_maps(self) -> list[CodeConfigMap]:
         """Every ConfigMap of Python code the job loads (function rewards', the environment's): the
         operator waits for each and mounts it where the trainer looks."""

@@ -68,7 +68,7 @@ class ModelSpec(APIModel):
     pvc: PVCSource | None = None
     """Load the model from a PersistentVolumeClaim instead of the hub."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Dtype the weights are loaded and trained in (with training.bf16, DeepSpeed keeps fp32 master weights)."""
+    """Dtype the weights are loaded and trained in (with training.bf16: bfloat16 weights train under DeepSpeed's bf16 with float32 master weights, float32 weights under bfloat16 autocast)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about 30% more compute."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"

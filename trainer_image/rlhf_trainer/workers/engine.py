@@ -74,8 +74,11 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
         "train_batch_size": training.train_batch_size if trainable else micro * world_size,
         "gradient_clipping": training.max_grad_norm,
         "zero_optimization": zero,
-        # bf16 mixed precision keeps fp32 master weights in the optimizer; a float32 model trains in float32.
+        # training.bf16 on bfloat16 weights: DeepSpeed's bf16, fp32 master weights in the optimizer. On float32
+        # weights: torch autocast, the matmuls in bfloat16 and the weights, gradients and optimizer in float32,
+        # so that updates smaller than bfloat16's grid still land (Hugging Face Trainer's bf16 on a float32 model).
         "bf16": {"enabled": training.bf16 and cfg.model.dtype == "bfloat16"},
+        "torch_autocast": {"enabled": training.bf16 and cfg.model.dtype == "float32", "dtype": "bfloat16"},
         "fp16": {"enabled": cfg.model.dtype == "float16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
