@@ -29,6 +29,7 @@ def workload(job: dict) -> dict:
         "kl_estimator": training["kl"]["estimator"],
         "seed": training["seed"],
         "dtype": spec["models"]["actor"]["dtype"],
+        "bf16": training.get("bf16", True),  # on float32 weights: autocast on both sides (Hugging Face Trainer's bf16)
     }
 
 
@@ -159,7 +160,7 @@ def child_trl(work: Path, result: Path) -> None:
     accumulation = w["train_batch_size"] // w["micro_train_batch_size"]
     config = GRPOConfig(
         output_dir=str(work / f"{result.stem}-out"),
-        report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, bf16=False, fp16=False,
+        report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, bf16=w["bf16"], fp16=False,
         gradient_checkpointing=False, dataloader_num_workers=0, seed=w["seed"], data_seed=w["seed"],
         max_steps=w["steps"] * per_step,
         per_device_train_batch_size=w["micro_train_batch_size"],
