@@ -398,8 +398,9 @@ def test_bf16_computes_in_bfloat16_and_keeps_small_updates_only_on_float32_weigh
     """training.bf16: the passes' matmuls run in bfloat16 either way. On float32 weights (torch autocast) an
     update far below bfloat16's grid (Adam's first step moves each weight by about the learning rate, 1e-7;
     a weight of 0.02 has neighbours 8e-5 away in bfloat16) lands in the weights the next pass reads; on
-    bfloat16 weights DeepSpeed's float32 master copy takes it, but the copy the passes read rounds it away.
-    That is why a few steps of lr 1e-5 barely moved SmolLM2 in bfloat16 weights (benchmarks/README.md)."""
+    bfloat16 weights DeepSpeed's float32 master copy takes it, but the copy the passes read moves only once
+    the updates add up to its grid: why ten steps of lr 1e-5 barely moved SmolLM2 in bfloat16 weights
+    (benchmarks/README.md)."""
     from rlhf_trainer.workers.engine import load_model
 
     training = TrainingSpec(zero_stage=2, bf16=True, learning_rate=1e-7, weight_decay=0.0, lr_warmup_ratio=0,

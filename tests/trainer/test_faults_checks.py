@@ -181,3 +181,22 @@ def test_a_process_reward_model_is_read_at_the_separator_it_learnt(toy_job, tiny
     job = toy_job(**{"models.reward": {"path": str(prm)},
                      "reward.sources": [{"name": "prm", "type": "model", "steps": {"separator": "\n\n"}}, letter]})
     check(validate(yaml.safe_load(job.read_text())).spec, job.parent)
+
+
+@pytest.mark.parametrize("dtype, bf16, gpus, flags, warned", [
+    ("float32", True, 0, {"avx512f", "avx512_bf16"}, []),  # autocast on a CPU with bfloat16 instructions: the fit
+    ("float32", False, 0, {"avx512f"}, []),
+    ("float32", True, 0, {"avx512f"}, ["emulated"]),
+    ("float32", True, 0, None, []),  # a machine that cannot tell its flags: no guess
+    ("bfloat16", True, 0, {"amx_bf16"}, ["spec.models.actor.dtype bfloat16"]),
+    ("bfloat16", True, 0, {"avx2"}, ["emulated", "spec.models.actor.dtype bfloat16"]),
+    ("bfloat16", True, 1, {"avx2"}, []),  # GPUs: their bfloat16 is native, and DeepSpeed's bf16 their default
+])
+def test_a_cpu_job_is_told_what_its_precision_costs_on_this_machine(toy_job, dtype, bf16, gpus, flags, warned):
+    from rlhf_trainer.checks import precision_warnings
+
+    job = validate(yaml.safe_load(toy_job(**{"models.actor.dtype": dtype, "training.bf16": bf16,
+                                             "resources.gpusPerNode": gpus}).read_text()))
+    warnings = precision_warnings(job.spec, flags)
+    assert len(warnings) == len(warned) and all(w in text for w, text in zip(warned, warnings)), warnings
+    assert all(("set training.bf16: false" in text) or ("set dtype: float32" in text) for text in warnings)

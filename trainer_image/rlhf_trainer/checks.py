@@ -10,6 +10,7 @@ so that neither fails a minute into the run.
 
 from __future__ import annotations
 
+import logging
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from .memory_plan import GPU_MEMORY_MIB, local_config, plan_memory, refuse_unles
 from .paths import model_path
 from .rewards.process import STEP_SEPARATOR_KEY
 from .workers.group import Placement, plan_placement
+
+
+log = logging.getLogger(__name__)
+BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}  # bfloat16 matmuls in hardware (/proc/cpuinfo's names)
 
 
 def uses_gpus(spec: RLHFJobSpec) -> bool:
@@ -65,6 +70,8 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     if errors:
         raise InvalidJob(errors)
 
+    for warning in precision_warnings(spec, cpu_flags()):
+        log.warning("%s", warning)
     placement = plan_placement(spec, uses_gpus(spec))  # raises InvalidJob when the roles do not fit
     training = spec.training
     for role in ("actor", "critic", "rm"):
@@ -85,6 +92,34 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     if errors:
         raise InvalidJob(errors)
     return placement
+
+
+def cpu_flags() -> set[str] | None:
+    """This machine's CPU feature flags (/proc/cpuinfo), None where it cannot tell."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def precision_warnings(spec: RLHFJobSpec, flags: set[str] | None) -> list[str]:
+    """What training.bf16 and the trained models' dtype cost a job on CPU, given the CPU's flags (nothing on GPUs)."""
+    if uses_gpus(spec) or not spec.training.bf16:
+        return []
+    warnings = []
+    if flags is not None and not flags & BF16_CPU_FLAGS:
+        warnings.append("training.bf16 on a CPU without bfloat16 instructions (AVX-512 BF16 or AMX): its bfloat16 "
+                        "matmuls are emulated and slower than float32's: set training.bf16: false")
+    for role in ("actor", "critic"):
+        model = getattr(spec.models, role)
+        if model is not None and model.dtype == "bfloat16":
+            warnings.append(
+                f"spec.models.{role}.dtype bfloat16 with training.bf16 on CPU: the passes read a bfloat16 copy of the "
+                "float32 master weights, which moves only once the updates add up to bfloat16's resolution (about "
+                "0.4% of a weight), so short runs at small learning rates barely move it: set dtype: float32 "
+                "(training.bf16 then autocasts: bfloat16 matmuls on float32 weights)")
+    return warnings
 
 
 _SHORT_HINTS = {  # (resource, GPU job?) -> the field to change, and how

@@ -154,7 +154,7 @@ class TrainingSpec(APIModel):
     zero_stage: Literal[0, 1, 2, 3] = 3
     """DeepSpeed ZeRO stage: 3 shards parameters, gradients and optimizer state."""
     bf16: bool = True
-    """Mixed precision in bfloat16: the passes' matmuls in bfloat16. On bfloat16 weights (models.<role>.dtype, the default) DeepSpeed's bf16: the optimizer keeps float32 master weights and the passes read a bfloat16 copy, which rounds away any update smaller than bfloat16's resolution (about 0.4% of a weight). On float32 weights torch autocast: weights, gradients and optimizer stay float32 and the rollout engines generate in bfloat16; the fit for CPUs with AVX-512 BF16 or AMX and for small learning rates."""
+    """Mixed precision in bfloat16: the passes' matmuls in bfloat16. On bfloat16 weights (models.<role>.dtype, the default) DeepSpeed's bf16: the optimizer keeps float32 master weights and the passes read a bfloat16 copy, which moves only once the updates add up to bfloat16's resolution (about 0.4% of a weight). On float32 weights torch autocast: weights, gradients and optimizer stay float32 and the rollout engines generate in bfloat16; the fit for CPUs with AVX-512 BF16 or AMX and for small learning rates."""
     offload_optimizer: bool = False
     """Keep optimizer state in CPU memory (ZeRO-Offload)."""
     learning_rate: float = Field(1e-6, gt=0, le=1)
