@@ -13,6 +13,9 @@ runs (weight_sync.Handles and _unpack) in a second process.
    weight's checksum equal to the sender's, the receiver's memory not growing, GB/s;
 4. broadcast: a one-rank NCCL broadcast group (weight_sync.SyncGroup).
 
+--autocast trains float32 weights under training.bf16 (torch autocast) and syncs them in bfloat16, the CPU
+examples' precision, instead of bfloat16 weights.
+
 Prints one line per check and writes every figure to --out (JSON); exits 1 when a check fails.
 """
 
@@ -140,7 +143,8 @@ def check_ipc_sync(worker: ModelWorker, device: str, dtype_name: str) -> dict:
 
     worker.sync_store = open_store(1, TIMEOUT)
     announced = worker.weight_shapes()
-    expected = worker.checksums()
+    sent = getattr(torch, dtype_name)  # the weights as the sync sends them (float32 weights in bfloat16: autocast's)
+    expected = {name: tensor.to(sent).double().sum().item() for name, tensor in weights.named_full_parameters(worker.model)}
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     receiver = context.Process(target=_receive, args=(worker.sync_store.port, device, announced, dtype_name, results))
@@ -179,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--shape", default=None, help="rlhf_trainer.tiny SHAPES (default: qwen2-40m on cuda, tiny on cpu)")
     parser.add_argument("--out", type=Path, default=Path("gpu-check.json"))
+    parser.add_argument("--autocast", action="store_true", help="float32 weights with training.bf16: the step under "
+                        "torch autocast, the weights synced in bfloat16 (spec.engine_dtype)")
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -186,21 +192,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dtype_name = "bfloat16" if cuda else "float32"
+    weights_dtype, sync_dtype = ("float32", "bfloat16") if args.autocast else (dtype_name, dtype_name)
     path = build_tiny_model(Path(tempfile.mkdtemp()) / "model", shape=args.shape or ("qwen2-40m" if cuda else "tiny"))
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "dtype": dtype_name, "model_config": json.loads((path / "config.json").read_text())}
+              "dtype": dtype_name, "weights_dtype": weights_dtype, "sync_dtype": sync_dtype,
+              "model_config": json.loads((path / "config.json").read_text())}
     report["packing"] = check_packing(path, args.device, getattr(torch, dtype_name))
 
     worker = ModelWorker(0, 1)
     worker.store = open_store(1, TIMEOUT)
-    training = TrainingSpec(zero_stage=3, bf16=cuda, micro_train_batch_size=4, micro_rollout_batch_size=4,
+    training = TrainingSpec(zero_stage=3, bf16=cuda or args.autocast, micro_train_batch_size=4, micro_rollout_batch_size=4,
                             train_batch_size=4, learning_rate=1e-5)
-    worker.setup(ModelConfig(role="actor", path=str(path), model=ModelSpec(path=str(path), dtype=dtype_name),
+    worker.setup(ModelConfig(role="actor", path=str(path), model=ModelSpec(path=str(path), dtype=weights_dtype),
                              training=training, use_gpu=cuda), "127.0.0.1", worker.store.port)
     report["training"] = training.model_dump(mode="json", by_alias=True, exclude_unset=True)
     report["after_load"] = _memory(args.device)
     report["zero3_step"] = check_zero3_step(worker, args.device)
-    report["ipc_sync"] = check_ipc_sync(worker, args.device, dtype_name)
+    report["ipc_sync"] = check_ipc_sync(worker, args.device, sync_dtype)
     report["broadcast"] = check_broadcast(args.device)
 
     args.out.write_text(json.dumps(report, indent=2))

@@ -17,16 +17,17 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 RUN = """
 import sys
 import gpu_check
-code = gpu_check.main(["--device", "cpu", "--out", sys.argv[1]])
+code = gpu_check.main(["--device", "cpu", "--out", *sys.argv[1:]])
 print("IMPORTED", [name for name in ("ray", "vllm") if name in sys.modules])
 sys.exit(code)
 """
 
 
-def test_the_gpu_check_passes_on_cpu_without_ray_or_vllm(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--autocast"]], ids=["float32", "autocast"])
+def test_the_gpu_check_passes_on_cpu_without_ray_or_vllm(tmp_path, options):
     out = tmp_path / "gpu-check.json"
-    run = subprocess.run([sys.executable, "-c", RUN, str(out)], cwd=BENCHMARKS, capture_output=True, text=True,
-                         timeout=540)
+    run = subprocess.run([sys.executable, "-c", RUN, str(out), *options], cwd=BENCHMARKS, capture_output=True,
+                         text=True, timeout=540)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "IMPORTED []" in run.stdout
     report = json.loads(out.read_text())

@@ -46,7 +46,7 @@ def test_the_plan_bounds_the_training_step_a_gpu_measured(name):
     check = GPU_CHECKS[name]
     rows, sequence = check["zero3_step"]["batch"]
     spec = validate({"apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "metadata": {"name": "gpu-check"}, "spec": {
-        "algorithm": "sft", "models": {"actor": {"path": "model", "dtype": check["dtype"]}},
+        "algorithm": "sft", "models": {"actor": {"path": "model", "dtype": check.get("weights_dtype", check["dtype"])}},
         "data": {"sft": {"sources": [{"path": "data.jsonl"}]}, "maxTokens": sequence},
         "training": {**check["training"], "microTrainBatchSize": rows},
         "resources": {"nodes": 1, "gpusPerNode": 1}}}).spec

@@ -23,10 +23,13 @@ The estimates, per process on a GPU (bytes):
   measured them (a process's GPU memory less what torch's allocator reserved): 1.30 GiB on an H200 with torch
   2.11 / CUDA 13 and a one-rank NCCL group (2026-11-27). More NCCL peers add buffers.
 
-- DEEPSPEED_BUFFERS per trained rank: what DeepSpeed's engine allocates beyond the weights, gradients and
-  optimizer state (its bucket and partition buffers, sized by its defaults rather than by the model), as
-  benchmarks/gpu_check.py measured it: a 39M-parameter model's ZeRO-3 bf16 step peaked at 1.73 GiB allocated
-  where the rest of the plan counts 0.84, and a 0.34M-parameter one's at 1.00 GiB (H200, 2026-11-27).
+- DEEPSPEED_BUFFERS per trained rank and per 2 bytes of each dtype it reduces gradients in: what DeepSpeed's
+  engine allocates beyond the weights, gradients and optimizer state (its reduce bucket, 5e8 elements by
+  default, sized by its defaults rather than by the model), as benchmarks/gpu_check.py measured it: a
+  39M-parameter model's ZeRO-3 bf16 step peaked at 1.73 GiB allocated where the rest of the plan counts 0.84,
+  and a 0.34M-parameter one's at 1.00 GiB (H200, 2026-11-27); the 39M model's float32 weights under bf16
+  autocast at 3.74 GiB (2026-11-28): a bucket for the linear layers' bfloat16 gradients and one for the rest's
+  float32, 1 + 2 GiB (`deepspeed_buffers`).
 
 What the plan leaves out: the caching allocator's fragmentation. Treat a phase within a few GiB of the GPU's
 size as not fitting.
@@ -47,7 +50,7 @@ from .workers.group import ROLLOUT, Placement
 
 GIB = 1 << 30
 CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
-DEEPSPEED_BUFFERS = GIB  # measured 0.89 and 0.99 GiB, see above
+DEEPSPEED_BUFFERS = GIB  # per 2 bytes of a gradient dtype: measured 0.89 and 0.99 GiB in bfloat16, see above
 # nvidia.com/gpu.product label -> the memory nvidia-smi reports (MiB)
 GPU_MEMORY_MIB = {
     "NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-H100-NVL": 95830, "NVIDIA-H200": 143771,
@@ -191,6 +194,13 @@ def _distinct(gpus: list[GPUPlan]) -> list[GPUPlan]:
     return kept
 
 
+def deepspeed_buffers(dtype_bytes: int, bf16: bool) -> int:
+    """DeepSpeed's reduce bucket in each dtype it reduces gradients in: the weights', and also bfloat16 when
+    training.bf16 autocasts float32 weights (its linear layers' gradients travel in bfloat16)."""
+    reduced = [dtype_bytes] + ([2] if bf16 and dtype_bytes == 4 else [])
+    return sum(DEEPSPEED_BUFFERS * size // 2 for size in reduced)
+
+
 def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape], gpu: str) -> MemoryPlan:
     """The job's memory on each GPU (bundle) of its placement; shapes: role -> Shape (Shape.from_config)."""
     total, training = gpu_bytes(gpu), spec.training
@@ -211,7 +221,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             held["gradients"] = shape.params * dtype // split(2)
             if not training.offload_optimizer:
                 held["optimizer"] = shape.params * (12 if training.bf16 and dtype == 2 else 8) // split(1)
-            held["deepspeed buffers"] = DEEPSPEED_BUFFERS
+            held["deepspeed buffers"] = deepspeed_buffers(dtype, training.bf16)
         extra = {}
         if online or role == "reference":  # rollouts are scored by every model; dpo's reference reads each batch
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size
