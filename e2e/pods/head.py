@@ -98,7 +98,8 @@ class HeadPod:
         fields = {"metadata.namespace": self.namespace, "metadata.name": f"{self.name}-head",
                   "spec.serviceAccountName": self.pod.get("serviceAccountName", "default")}
         env = processes.resolve_env(self.container, fields, self._data,
-                                    {"LANG": "C.UTF-8", **{k: v for k, v in os.environ.items() if k in IMAGE_ENV}})
+                                    {"LANG": "C.UTF-8", **processes.NODE_ENV,
+                                     **{k: v for k, v in os.environ.items() if k in IMAGE_ENV}})
         port = self.cp.ports["kube-apiserver"]
         env.update(host_network_ports(env))
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(port),

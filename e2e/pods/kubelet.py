@@ -304,7 +304,7 @@ class Pod:
         self.env = env = processes.resolve_env(
             container, processes.pod_fields(self.pod, self.ip, network.GATEWAY),
             lambda kind, name: volumes.data(self.kubelet.core, self.namespace, kind, name),
-            {"HOME": self.rootfs.home(who.uid), **image.env, "HOSTNAME": self.name,
+            {"HOME": self.rootfs.home(who.uid), **processes.NODE_ENV, **image.env, "HOSTNAME": self.name,
              "KUBERNETES_SERVICE_HOST": network.KUBERNETES_SERVICE[0],
              "KUBERNETES_SERVICE_PORT": str(network.KUBERNETES_SERVICE[1])})
         argv = [processes.expand(word, env) for word in rootfs.command(container, image)]

@@ -25,6 +25,12 @@ from kubernetes.utils import parse_quantity
 from e2e.pods.rootfs import inside
 from e2e.pods.users import Identity
 
+# Ray's memory monitor kills a node's tasks once the memory it reads is 95% used. Under a kubelet that is the
+# container's memory cgroup; these pods have none of their own, so it would read the whole machine's, shared
+# with the rest of the suite, and kill a pod's training for other tests' memory (seen once with the machine at
+# 22.7 of 23.5 GiB). Off in every container and head here, as the node's own setting.
+NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
+
 def resolve_env(container: dict[str, Any], fields: dict[str, str], lookup, base: dict[str, str]) -> dict[str, str]:
     """The container's environment: base (the image's and the kubelet's), envFrom, then env in order.
 
