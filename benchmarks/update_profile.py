@@ -122,6 +122,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], help="ours at this ZeRO stage (default: the example's)")
     parser.add_argument("--model", type=Path, default=Path("/tmp/update-profile-smollm2"))
     parser.add_argument("--out", type=Path, default=RESULTS / "update_profile.json")
     args = parser.parse_args()
@@ -129,6 +130,8 @@ def main() -> None:
     model_dir = args.model if (args.model / "config.json").exists() else build_smollm2(args.model)
     job = load_job(args.steps, ARITHMETIC)
     job["spec"]["models"]["actor"]["path"] = str(model_dir)
+    if args.zero_stage is not None:
+        job["spec"]["training"]["zeroStage"] = args.zero_stage
     spec = validate(job).spec
     micro_batches = batches(AutoConfig.from_pretrained(model_dir).vocab_size,
                             spec.training.train_batch_size, spec.training.micro_train_batch_size)
