@@ -194,10 +194,10 @@ def _distinct(gpus: list[GPUPlan]) -> list[GPUPlan]:
     return kept
 
 
-def deepspeed_buffers(dtype_bytes: int, bf16: bool) -> int:
+def deepspeed_buffers(dtype_bytes: int, autocast: bool) -> int:
     """DeepSpeed's reduce bucket in each dtype it reduces gradients in: the weights', and also bfloat16 when
     training.bf16 autocasts float32 weights (its linear layers' gradients travel in bfloat16)."""
-    reduced = [dtype_bytes] + ([2] if bf16 and dtype_bytes == 4 else [])
+    reduced = [dtype_bytes] + ([2] if autocast else [])
     return sum(DEEPSPEED_BUFFERS * size // 2 for size in reduced)
 
 
@@ -221,7 +221,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             held["gradients"] = shape.params * dtype // split(2)
             if not training.offload_optimizer:
                 held["optimizer"] = shape.params * (12 if training.bf16 and dtype == 2 else 8) // split(1)
-            held["deepspeed buffers"] = deepspeed_buffers(dtype, training.bf16)
+            held["deepspeed buffers"] = deepspeed_buffers(dtype, training.autocasts(model.dtype))
         extra = {}
         if online or role == "reference":  # rollouts are scored by every model; dpo's reference reads each batch
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size

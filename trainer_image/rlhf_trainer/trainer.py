@@ -398,7 +398,7 @@ class Trainer(RunLoop):
                             keep_per_prompt=training.rejection_sampling.keep_per_prompt,
                             min_reward=training.rejection_sampling.min_reward,
                             beta=training.preference.beta,
-                            teacher_coef=0.0 if teacher_in_loss(self.spec) else training.distillation.kl_coef,
+                            teacher_coef=0.0 if self.teacher_top_k else training.distillation.kl_coef,
                             reward_coef=training.distillation.reward_coef),
         )
 

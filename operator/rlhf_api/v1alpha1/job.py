@@ -215,7 +215,7 @@ class RLHFJobSpec(APIModel):
         """The rollout engines' dtype: the actor's, but bfloat16 when training.bf16 autocasts a float32 actor
         (generation in bfloat16 as the passes are; the weight sync sends that dtype)."""
         actor = self.models.actor.dtype
-        return "bfloat16" if self.training.bf16 and actor == "float32" else actor
+        return "bfloat16" if self.training.autocasts(actor) else actor
 
     def code_config_maps(self) -> list[CodeConfigMap]:
         """Every ConfigMap of Python code the job loads (function rewards', the environment's): the

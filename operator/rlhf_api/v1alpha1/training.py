@@ -226,6 +226,10 @@ class TrainingSpec(APIModel):
     seed: int = 42
     """Random seed for data order, sampling and initialisation."""
 
+    def autocasts(self, dtype: str) -> bool:
+        """bf16 on weights of this dtype is torch autocast (float32 weights), not DeepSpeed's bf16 (see bf16)."""
+        return self.bf16 and dtype == "float32"
+
     def with_defaults(self, algorithm: str) -> TrainingSpec:
         """This section with each unset TRAINING_DEFAULTS field at the algorithm's value (the catalogue's)."""
         names = {f.alias: name for name, f in type(self).model_fields.items()}

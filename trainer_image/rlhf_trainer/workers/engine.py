@@ -78,7 +78,7 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
         # weights: torch autocast, the matmuls in bfloat16 and the weights, gradients and optimizer in float32,
         # so that updates smaller than bfloat16's grid still land (Hugging Face Trainer's bf16 on a float32 model).
         "bf16": {"enabled": training.bf16 and cfg.model.dtype == "bfloat16"},
-        "torch_autocast": {"enabled": training.bf16 and cfg.model.dtype == "float32", "dtype": "bfloat16"},
+        "torch_autocast": {"enabled": training.autocasts(cfg.model.dtype), "dtype": "bfloat16"},
         "fp16": {"enabled": cfg.model.dtype == "float16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
