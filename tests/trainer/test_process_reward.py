@@ -99,7 +99,7 @@ def _solutions(count: int, seed: int, letter: str = "a") -> list[dict]:
     return records
 
 
-def test_step_labelled_records_put_each_label_where_its_step_ends(tiny_model, tmp_path):
+def test_step_labelled_records_put_each_label_where_its_step_ends(tiny_model, tmp_path, caplog):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     records = [{"prompt": "Say a.", "completions": ["aa", "b", "a"], "labels": [True, "-", 1]}]
     data = tmp_path / "steps.jsonl"
@@ -114,6 +114,12 @@ def test_step_labelled_records_put_each_label_where_its_step_ends(tiny_model, tm
     batch = pack(dataset.items, tokenizer.pad_token_id)
     assert (batch.step_labels >= 0).sum() == 3 and batch.step_labels[0, solution.positions].tolist() == [1, 0, 1]
 
+    with caplog.at_level("WARNING", logger="rlhf_trainer.offline_data"):  # a long prompt loses its beginning, with a warning
+        [cut] = OfflineDataset.from_spec(spec, DataSpec(maxPromptTokens=8), tokenizer, response_keys=("completions",),
+                                         base_dir=tmp_path, seed=0, name="sft", step_labelled=True).items
+    assert cut.prompt_token_ids == example.prompt_token_ids[-8:] and cut.step_labels == example.step_labels
+    assert "1 of 1 sft prompts were longer than data.maxPromptTokens=8" in caplog.text
+
     for record, error in (({**records[0], "labels": [True, False]}, r"3 steps \('completions'\) but 2 labels"),
                           ({**records[0], "labels": [True, "maybe", 1]}, "list of true/false, 1/0 or"),
                           ({**records[0], "completions": "aa\nb"}, "non-empty list of strings")):
@@ -124,16 +130,9 @@ def test_step_labelled_records_put_each_label_where_its_step_ends(tiny_model, tm
 
 
 def _held_out_step_accuracy(model_dir, records: list[dict]) -> float:
-    """How often the model, served as a process reward source, says what each held-out step's label does:
-    step k's probability is the reward of the solution's first k steps aggregated by last."""
     scorer = RewardModelScorer(str(model_dir), device="cpu")
-    right = []
-    for record in records:
-        prompt = render_prompt(record["prompt"], scorer.tokenizer, True)
-        prefixes = ["\n".join(record["completions"][:k + 1]) for k in range(len(record["completions"]))]
-        correct = scorer([prompt] * len(prefixes), prefixes, StepReward(aggregation="last"))
-        right += [(p > 0.5) == label for p, label in zip(correct.tolist(), record["labels"])]
-    return sum(right) / len(right)
+    return scorer.step_accuracy([render_prompt(r["prompt"], scorer.tokenizer, True) for r in records],
+                                [r["completions"] for r in records], [r["labels"] for r in records])
 
 
 # Measured (deterministic, 2026-11-27): held-out step accuracy 0.48 -> 0.91; GRPO's task reward 0.059 -> 0.721 in

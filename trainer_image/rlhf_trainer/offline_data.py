@@ -148,17 +148,12 @@ class OfflineDataset:
         response_ids = {key: tokenizer([r[key] for r in records], add_special_tokens=False)["input_ids"]
                         for key in response_keys}
         eos = tokenizer.eos_token_id
-        items, truncated, cut_prompts = [], 0, 0
-        for i, prompt in enumerate(prompt_ids):
-            cut_prompts += len(prompt) > data.max_prompt_tokens
-            prompt = prompt[-data.max_prompt_tokens:]  # keep the end: the question and the generation prompt
+        items, truncated = [], 0
+        for i, prompt in enumerate(_cut_prompts(prompt_ids, data, name)):
             room = data.max_tokens - len(prompt)
             responses = tuple((response_ids[key][i] + [eos])[:room] for key in response_keys)
             truncated += any(len(response_ids[key][i]) + 1 > room for key in response_keys)
             items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key]) if flag_key else None))
-        if cut_prompts:
-            log.warning("%d of %d %s prompts were longer than data.maxPromptTokens=%d and lost their beginning",
-                        cut_prompts, len(items), name, data.max_prompt_tokens)
         if truncated:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)
@@ -176,8 +171,8 @@ class OfflineDataset:
                                prepare=_one_label_a_step(spec.output_key, spec.label_key))
         prompts = [render_prompt(r[spec.input_key], tokenizer, spec.apply_chat_template) for r in records]
         items, cut = [], 0
-        for prompt, record in zip(tokenizer(prompts, add_special_tokens=False)["input_ids"], records):
-            prompt = prompt[-data.max_prompt_tokens:]
+        prompt_ids = _cut_prompts(tokenizer(prompts, add_special_tokens=False)["input_ids"], data, name)
+        for prompt, record in zip(prompt_ids, records):
             solution = step_token_ids(tokenizer, record[spec.output_key], data.step_separator)
             room = data.max_tokens - len(prompt)
             labels = tuple((end, float(_step_label(label))) for end, label in
@@ -188,6 +183,16 @@ class OfflineDataset:
             log.warning("%d of %d %s solutions were longer than data.maxTokens=%d and lost their last steps",
                         cut, len(items), name, data.max_tokens)
         return cls(items)
+
+
+def _cut_prompts(prompt_ids: list[list[int]], data: DataSpec, name: str) -> list[list[int]]:
+    """Each prompt cut to data.maxPromptTokens from the left (the end holds the question and the generation
+    prompt), with a warning counting the prompts cut."""
+    cut = sum(len(prompt) > data.max_prompt_tokens for prompt in prompt_ids)
+    if cut:
+        log.warning("%d of %d %s prompts were longer than data.maxPromptTokens=%d and lost their beginning",
+                    cut, len(prompt_ids), name, data.max_prompt_tokens)
+    return [prompt[-data.max_prompt_tokens:] for prompt in prompt_ids]
 
 
 def chats_split(input_key: str, response_keys: tuple[str, ...]) -> Callable[[dict], dict]:
