@@ -72,6 +72,7 @@ def prepare(work: Path, steps: int, model: str, settings: list[str]) -> dict:
     """The model and the job file (a copy of the task's example with absolute paths and `settings`, "dotted.key=YAML
     value" each) in `work`, and the task (task.json) the children read."""
     import yaml
+    from rlhf_trainer.pretrained import point_models_at
 
     task = MODELS[model]
     if model == "smollm2":
@@ -84,7 +85,7 @@ def prepare(work: Path, steps: int, model: str, settings: list[str]) -> dict:
         model_dir = build_tiny_model(work / "model", shape=model)
     shutil.copytree(EXAMPLES / task.files, work / task.files, ignore=shutil.ignore_patterns("model"))
     job = load_job(steps, task)
-    job["spec"]["models"]["actor"]["path"] = str(model_dir)
+    point_models_at(job["spec"], model_dir)
     if task.held_out:  # both sides' final models are scored on it: ours exports its final model as TRL saves its own
         job["spec"]["checkpoint"]["exportHf"] = True
     for setting in settings:

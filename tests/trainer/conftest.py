@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from e2e.fixtures import wait_for
+from rlhf_trainer.pretrained import point_models_at
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 TOY_JOB = EXAMPLES / "tiny-grpo-cpu-job.yaml"
@@ -26,11 +27,11 @@ TOY_JOB = EXAMPLES / "tiny-grpo-cpu-job.yaml"
 
 def write_toy_job(directory: Path, model: Path, example: Path = TOY_JOB, data: str = "tiny", **spec: object) -> Path:
     """The tiny CPU example job (or another example whose files are in examples/`data`) in
-    `directory` (with its prompts and reward function), its actor replaced by `model`, checkpoints
+    `directory` (with its prompts and reward function), its actor's model replaced by `model`, checkpoints
     under the output directory, and `spec` overrides given by dotted path:
     write_toy_job(d, m, **{"training.maxSteps": 5})."""
     job = yaml.safe_load(example.read_text())
-    job["spec"]["models"]["actor"]["path"] = str(model)
+    point_models_at(job["spec"], model)
     job["spec"]["checkpoint"]["path"] = "checkpoints"  # relative: under the run's --output-dir
     for dotted, value in spec.items():
         *parents, leaf = dotted.split(".")

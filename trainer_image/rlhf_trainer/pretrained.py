@@ -77,3 +77,12 @@ def build_smollm2(out_dir: str | Path, gguf: str | Path | None = None) -> Path:
             path.chmod(0o755 if path.is_dir() else 0o644)  # a model for pods that run as another user
         Path(staging).rename(out)
     return out
+
+
+def point_models_at(spec: dict, model: str | Path) -> None:
+    """An example job's spec (a dict) made to load `model` where it loads its actor's model: the actor, and every
+    other role that names the same path (a reference held in another dtype, say)."""
+    example = spec["models"]["actor"]["path"]
+    for role in spec["models"].values():
+        if role.get("path") == example:
+            role["path"] = str(model)
