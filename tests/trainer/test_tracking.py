@@ -286,4 +286,6 @@ def test_a_retried_attempt_of_a_cluster_job_continues_its_tracker_runs(tmp_path,
     assert (run.info.run_name, run.info.status) == ("ml/tiny", "FINISHED")
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 1.0), (2, 0.5)]
     runs = sorted((tmp_path / "logs" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(uid) for r in runs)  # one W&B run id: `wandb sync` joins them
+    # one W&B run id (`wandb sync` joins them), read from the run file: a directory's name gains a suffix when both
+    # attempts start within the same second
+    assert len(runs) == 2 and all((run_dir / f"run-{uid}.wandb").is_file() for run_dir in runs)
