@@ -175,7 +175,7 @@ class OfflineDataset:
         for prompt, record in zip(prompt_ids, records):
             solution = step_token_ids(tokenizer, record[spec.output_key], data.step_separator)
             room = data.max_tokens - len(prompt)
-            labels = tuple((end, float(_step_label(label))) for end, label in
+            labels = tuple((end, float(step_label(label))) for end, label in
                            zip(solution.positions, record[spec.label_key]) if end < room)
             cut += len(labels) < len(solution.positions)
             items.append(OfflineExample(prompt, (solution.ids[:room],), step_labels=labels))
@@ -240,7 +240,7 @@ def _flag_check(value) -> str | None:
     return None if _flag(value) is not None else f"is the desirable flag: it must be true or false, not {value!r}"
 
 
-def _step_label(value) -> bool | None:
+def step_label(value) -> bool | None:
     """A step's label: a desirable flag's forms, or Math-Shepherd's "+" / "-"."""
     return value == "+" if value in ("+", "-") else _flag(value)
 
@@ -252,7 +252,7 @@ def _steps_check(value) -> str | None:
 
 
 def _step_labels_check(value) -> str | None:
-    if isinstance(value, list) and all(_step_label(label) is not None for label in value):
+    if isinstance(value, list) and all(step_label(label) is not None for label in value):
         return None
     return f"is the steps' labels: it must be a list of true/false, 1/0 or +/- (one a step), not {value!r}"
 

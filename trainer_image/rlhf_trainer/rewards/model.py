@@ -49,12 +49,15 @@ class RewardModelScorer:
     def step_accuracy(self, prompts: list[str], solutions: list[list[str]], labels: list[list[bool]],
                       separator: str = "\n") -> float:
         """The share of the solutions' steps whose probability of being correct is on their label's side of 0.5,
-        step k read as a process reward source reads the solution cut after it (aggregation last)."""
+        step k read as a process reward source reads the solution cut after it (aggregation last); labels in any
+        form prm's data takes (true/false, 1/0, +/-)."""
+        from ..offline_data import step_label  # offline_data reads steps through this package
+
         cut = [(prompt, separator.join(steps[:k + 1])) for prompt, steps in zip(prompts, solutions)
                for k in range(len(steps))]
         correct = self([prompt for prompt, _ in cut], [prefix for _, prefix in cut],
                        StepReward(separator=separator, aggregation="last"))
-        return ((correct > 0.5) == torch.tensor([bool(x) for steps in labels for x in steps])).float().mean().item()
+        return ((correct > 0.5) == torch.tensor([step_label(x) for steps in labels for x in steps])).float().mean().item()
 
 
 def model_source(source: RewardSource, context: SourceContext):
