@@ -54,7 +54,7 @@ from measure import (  # noqa: E402  (this directory's shared helpers)
     total_memory,
     versions,
 )
-from grpo_sides import child_ours, child_trl, final_model, held_out_score, workload  # noqa: E402
+from grpo_sides import child_ours, child_trl, final_model, held_out_score, step_model, workload  # noqa: E402
 from rlhf_trainer.tiny import SHAPES  # noqa: E402
 
 SIDES = ("ours", "trl")
@@ -107,7 +107,7 @@ class RunFailed(Exception):
     pass
 
 
-def run_side(side: str, work: Path, index: int, timeout: float, trl_threads: int) -> dict:
+def run_side(side: str, work: Path, index: int, timeout: float, trl_threads: int, save_each_step: bool) -> dict:
     result = work / f"{side}-{index}.json"
     log = work / f"{side}-{index}.log"
     env = {**os.environ, **OFFLINE_ENV}
@@ -116,7 +116,8 @@ def run_side(side: str, work: Path, index: int, timeout: float, trl_threads: int
     load_before = os.getloadavg()
     launched = time.time()
     with log.open("w") as output:
-        child = subprocess.Popen([sys.executable, __file__, "--child", side, "--work", str(work), "--result", str(result)],
+        command = [sys.executable, __file__, "--child", side, "--work", str(work), "--result", str(result)]
+        child = subprocess.Popen(command + (["--save-each-step"] if save_each_step else []),
                                  stdout=output, stderr=subprocess.STDOUT, env=env, cwd=work)
         memory = TreeMemory(child.pid)
         memory.start()
@@ -147,9 +148,22 @@ def run_side(side: str, work: Path, index: int, timeout: float, trl_threads: int
     return record
 
 
+def unsaved(record: dict, moment: float) -> float:
+    """Seconds from the launch to `moment`, less the per-step saves of --held-out-each-step before it."""
+    return moment - record["launched"] - sum(save["seconds"] for save in record.get("saves", []) if save["started"] < moment)
+
+
+def time_to_target(record: dict, scores: list[float], target: float) -> dict:
+    """The first step whose saved policy scores `target` or more on the held-out prompts, and the launch to its end
+    (the saves left out); None for both if no step did."""
+    reached = next((step for step, score in enumerate(scores, start=1) if score >= target), None)
+    return {"held_out_per_step": [round(score, 4) for score in scores], "held_out_target_step": reached,
+            "held_out_target_seconds": unsaved(record, record["steps"][reached - 1]["time"]) if reached else None}
+
+
 def summarize(record: dict, warmup: int) -> dict:
-    """Per-run numbers: medians over the steps after `warmup`."""
-    steps = record["steps"]
+    """Per-run numbers: medians over the steps after `warmup` (the per-step saves of --held-out-each-step left out)."""
+    steps = [{**step, "time": record["launched"] + unsaved(record, step["time"])} for step in record["steps"]]
     ends = [record["train_start"]] + [s["time"] for s in steps]
     step_seconds = [b - a for a, b in zip(ends, ends[1:])]
     kept = range(warmup, len(steps))
@@ -168,7 +182,7 @@ def summarize(record: dict, warmup: int) -> dict:
         "generated_tokens_per_step_median": statistics.median(tokens),
         "loop_start_seconds": record["train_start"] - record["launched"],
         "first_step_done_seconds": steps[0]["time"] - record["launched"],
-        "process_seconds": record["ended"] - record["launched"],
+        "process_seconds": unsaved(record, record["ended"]),
         "after_last_step_seconds": record["ended"] - steps[-1]["time"],
         "peak_rss_mib": record["peak_rss"] / 2**20,
         "peak_pss_mib": record["peak_pss"] / 2**20,
@@ -207,6 +221,8 @@ TABLE = [  # (label, key, format)
     ("mean reward, first step", "reward_first_step", "{:.3f}"),
     ("mean reward, last step", "reward_last_step", "{:.3f}"),
     ("held-out score after training (greedy)", "held_out_score", "{:.3f}"),
+    ("first step whose policy reaches the held-out target", "held_out_target_step", "{:.0f}"),
+    ("launch to the end of that step (s)", "held_out_target_seconds", "{:.1f}"),
 ]
 
 
@@ -247,6 +263,13 @@ def main() -> int:
     parser.add_argument("--model-shape", choices=MODELS, default="tiny",
                         help="a random model of one of rlhf_trainer.tiny.SHAPES on the toy task, or smollm2: the real "
                              "pretrained SmolLM2-135M-Instruct on its arithmetic task, scored on held-out prompts (default tiny)")
+    parser.add_argument("--held-out-each-step", type=float, metavar="TARGET",
+                        help="smollm2: both sides save the policy after every step (the saves' time left out of every "
+                             "figure); each saved policy is scored on the held-out prompts, in step order, until one "
+                             "reaches TARGET (e.g. 0.75): the time to that score")
+    parser.add_argument("--seed-per-pair", action="store_true",
+                        help="pair k runs with training.seed + k on both sides (sampling and prompt order): the "
+                             "held-out figures then span k seeds, not one seed's samples repeated")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="a job spec field for both sides, by dotted path (training.rolloutBatchSize=8); repeatable")
     parser.add_argument("--out", type=Path, help="results JSON (default results/grpo_cpu_vs_trl[_<shape>].json)")
@@ -254,11 +277,14 @@ def main() -> int:
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--save-each-step", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        (child_ours if args.child == "ours" else child_trl)(args.work, args.result)
+        (child_ours if args.child == "ours" else child_trl)(args.work, args.result, args.save_each_step)
         return 0
+    if args.held_out_each_step is not None and MODELS[args.model_shape].held_out is None:
+        parser.error(f"--held-out-each-step needs a task with held-out prompts (--model-shape smollm2), not {args.model_shape}")
 
     args.out = args.out or results_path("grpo_cpu_vs_trl", args.model_shape)
     os.environ.update(OFFLINE_ENV)
@@ -282,20 +308,35 @@ def main() -> int:
             print(f"stopping after {index} pair(s): another would pass the {args.budget_minutes} min budget", flush=True)
             break
         pair_started = time.time()
+        seed = job["spec"]["training"]["seed"] + (index if args.seed_per_pair else 0)
+        if args.seed_per_pair:
+            import yaml
+
+            (work / "job.yaml").write_text(yaml.safe_dump({**job, "spec": {
+                **job["spec"], "training": {**job["spec"]["training"], "seed": seed}}}))
         order = SIDES if index % 2 == 0 else SIDES[::-1]
         for side in order:
             try:
-                record = run_side(side, work, index, timeout=args.budget_minutes * 60, trl_threads=args.trl_threads)
+                record = run_side(side, work, index, timeout=args.budget_minutes * 60, trl_threads=args.trl_threads,
+                                  save_each_step=args.held_out_each_step is not None)
             except RunFailed as failure:  # kept in the results; the pair's other run still counts
                 print(failure, flush=True)
                 failures.append({"repeat": index, "side": side, "error": str(failure)})
                 args.keep = True  # its log stays in the work dir
                 continue
             summary = summarize(record, args.warmup)
+            result = work / f"{side}-{index}.json"
             if held_out:
-                summary["held_out_score"] = held_out_score(final_model(work, work / f"{side}-{index}.json"), work)
+                summary["held_out_score"] = held_out_score(final_model(work, result), work)
+            if args.held_out_each_step is not None:
+                scores = []
+                for step in range(1, summary["steps"] + 1):
+                    scores.append(held_out_score(step_model(work, result, step), work))
+                    if scores[-1] >= args.held_out_each_step:
+                        break
+                summary.update(time_to_target(record, scores, args.held_out_each_step))
             runs[side].append(summary)
-            raw.append({"repeat": index, "side": side, "load_average_before": record.get("load_before"),
+            raw.append({"repeat": index, "side": side, "seed": seed, "load_average_before": record.get("load_before"),
                         "max_os_threads_by_process": record["threads"],
                         "rss_at_peak_mib": {f"{name} (x{count})" if count > 1 else name: round(rss / 2**20)
                                             for name, (count, rss) in
@@ -322,6 +363,7 @@ def main() -> int:
         "wall_seconds": time.time() - started,
         "workload": {"model_shape": args.model_shape, **workload(job)},
         "held_out_score_before_training": baseline,
+        "held_out_target": args.held_out_each_step,
         "warmup_steps_excluded": args.warmup,
         "trl_threads": args.trl_threads or "torch default",
         "runs_per_side": {side: len(runs[side]) for side in SIDES},

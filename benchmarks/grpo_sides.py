@@ -29,6 +29,7 @@ def workload(job: dict) -> dict:
         "kl_estimator": training["kl"]["estimator"],
         "seed": training["seed"],
         "dtype": spec["models"]["actor"]["dtype"],
+        "attention": spec["models"]["actor"].get("attnImplementation", "sdpa"),  # the policy's (and TRL's reference's)
         "bf16": training.get("bf16", True),  # on float32 weights: autocast on both sides (Hugging Face Trainer's bf16)
     }
 
@@ -49,6 +50,24 @@ def final_model(work: Path, result: Path) -> Path:
     return work / f"{result.stem}-out" / "checkpoints" / "final"
 
 
+def step_model(work: Path, result: Path, step: int) -> Path:
+    """Where a run saving its policy after every step (--held-out-each-step) leaves step `step`'s."""
+    return work / f"{result.stem}-out" / "steps" / f"step-{step}"
+
+
+class SaveTimer:
+    """Saves the policy after each step with `save(directory)`, timing it (the parent takes the seconds out of the
+    run's times: the saves are the benchmark's, not the trainer's)."""
+
+    def __init__(self, work: Path, result: Path, record: dict):
+        self.work, self.result, self.saves = work, result, record.setdefault("saves", [])
+
+    def __call__(self, step: int, save) -> None:
+        started = time.time()
+        save(str(step_model(self.work, self.result, step)))
+        self.saves.append({"step": step, "started": started, "seconds": time.time() - started})
+
+
 def held_out_score(model_dir: Path, work: Path) -> float:
     """The share of the task's held-out prompts the model answers right, greedily (Hugging Face generate, the job's
     maxNewTokens): one deterministic scorer for the base model and both sides' trained ones."""
@@ -61,7 +80,7 @@ def held_out_score(model_dir: Path, work: Path) -> float:
     task = json.loads((work / "task.json").read_text())
     w = workload(yaml.safe_load((work / "job.yaml").read_text()))
     records = _records(work / task["files"] / task["held_out"])
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer = AutoTokenizer.from_pretrained(work / "model", padding_side="left")  # the base model's, both sides' own
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     inputs = tokenizer([render_prompt(r["prompt"], tokenizer, True) for r in records], return_tensors="pt",
                        padding=True, add_special_tokens=False)
@@ -75,13 +94,25 @@ def held_out_score(model_dir: Path, work: Path) -> float:
 # ------------------------------------------------------------------------------ child: ours
 
 
-def child_ours(work: Path, result: Path) -> None:
+def child_ours(work: Path, result: Path, save_each_step: bool = False) -> None:
+    import ray
     import yaml
 
     from rlhf_trainer.reporting import JsonlWriter
     from rlhf_trainer.run import run
+    from rlhf_trainer.trainer import Trainer
 
     record: dict = {"steps": []}
+    if save_each_step:
+        saver, steps = SaveTimer(work, result, record), Trainer._steps
+
+        def saving_steps(self, batches):
+            """Trainer._steps, the policy saved after each step: fit asks for the next step once it has logged this one."""
+            for taken in steps(self, batches):
+                yield taken
+                saver(self.step, lambda directory: ray.get(self.trained.call("save_pretrained", directory)))
+
+        Trainer._steps = saving_steps
 
     class Recorder:
         """Times the reporter calls: start() comes once the Trainer is built (Ray up, models and vLLM loaded)."""
@@ -112,7 +143,7 @@ def child_ours(work: Path, result: Path) -> None:
 # ------------------------------------------------------------------------------- child: TRL
 
 
-def child_trl(work: Path, result: Path) -> None:
+def child_trl(work: Path, result: Path, save_each_step: bool = False) -> None:
     import torch
     import yaml
     from datasets import Dataset
@@ -149,14 +180,17 @@ def child_trl(work: Path, result: Path) -> None:
         def on_train_begin(self, args, state, control, **kwargs):
             record["train_start"] = time.time()
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
             record["optimizer_steps"].append({"global_step": state.global_step, "time": time.time()})
+            if save_each_step and state.global_step % per_step == 0:
+                saver(state.global_step // per_step, model.save_pretrained)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "kl" in logs:  # logging_steps=1: the mean k3 KL to the reference over the optimizer step's tokens
                 kls[state.global_step] = logs["kl"]
 
     per_step = w["optimizer_steps_per_step"]
+    saver = SaveTimer(work, result, record)
     accumulation = w["train_batch_size"] // w["micro_train_batch_size"]
     config = GRPOConfig(
         output_dir=str(work / f"{result.stem}-out"),
@@ -171,7 +205,7 @@ def child_trl(work: Path, result: Path) -> None:
         learning_rate=w["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
         beta=w["kl_coef"], epsilon=0.2, loss_type="dapo", scale_rewards="group",
-        model_init_kwargs={"dtype": getattr(torch, w["dtype"])},
+        model_init_kwargs={"dtype": getattr(torch, w["dtype"]), "attn_implementation": w["attention"]},
         use_vllm=False,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -106,6 +106,44 @@ def test_every_micro_batch_carries_its_step_s_token_count_over_all_ranks():
         assert {int(t) for b in micro_batches for t in b.step_tokens} == {tokens}
 
 
+def _ragged(prompts: list[int], responses: list[int], seed: int = 0) -> Experience:
+    """Rows laid out as the trainer lays them out: prompts of `prompts` tokens left-padded, responses of
+    `responses` tokens right-padded."""
+    gen = torch.Generator().manual_seed(seed)
+    width_p, width_r = max(prompts), max(responses)
+    sequences = torch.randint(3, 300, (len(prompts), width_p + width_r), generator=gen)
+    prompt_mask = torch.arange(width_p) >= width_p - torch.tensor(prompts)[:, None]
+    action_mask = torch.arange(width_r) < torch.tensor(responses)[:, None]
+    return Experience(sequences=sequences * torch.cat([prompt_mask, action_mask], 1),
+                      attention_mask=torch.cat([prompt_mask, action_mask], 1).long(), action_mask=action_mask,
+                      action_log_probs=-torch.rand(len(prompts), width_r, generator=gen),
+                      advantages=torch.randn(len(prompts), width_r, generator=gen))
+
+
+def test_micro_batches_hold_rows_of_like_lengths_and_ranks_like_token_counts():
+    """A micro-batch packs to its longest row: each rank's rows of an optimizer step come longest first, so
+    every micro-batch's shortest row is at least the next one's longest, and the ranks' rows are dealt out
+    in turn, their token counts within one row of each other; every row is trained once an epoch."""
+    gen = torch.Generator().manual_seed(1)
+    prompts, responses = torch.randint(2, 12, (32,), generator=gen).tolist(), torch.randint(1, 16, (32,), generator=gen).tolist()
+    experience = _ragged(prompts, responses)
+    lengths = experience.attention_mask.sum(-1)
+    per_rank = micro_batches_per_rank(experience, 2, train_batch_size=16, micro_batch_size=4, epochs=2,
+                                      generator=torch.Generator().manual_seed(0))
+    assert [len(batches) for batches in per_rank] == [8, 8]  # 2 epochs * 2 steps * 2 micro-batches a rank
+    for batches in per_rank:
+        for step in range(4):
+            first, second = (b.attention_mask.sum(-1) for b in batches[2 * step:2 * step + 2])
+            assert first.min() >= second.max()
+    for step in range(4):
+        totals = [sum(int(b.attention_mask.sum()) for b in batches[2 * step:2 * step + 2]) for batches in per_rank]
+        assert abs(totals[0] - totals[1]) <= int(lengths.max())
+    for epoch in range(2):
+        trained = sorted(tuple(row.tolist()) for batches in per_rank for b in batches[4 * epoch:4 * epoch + 4]
+                         for row in b.sequences)
+        assert trained == sorted(tuple(row.tolist()) for row in experience.sequences)
+
+
 @pytest.fixture(scope="module")
 def one_rank():
     """This process as the only rank of a torch.distributed group (what a ModelWorker joins); the
@@ -285,6 +323,28 @@ def test_scoring_twice_with_dropout_gives_the_same_log_probs(tiny_model, one_ran
             "dropout must be active in training mode for this test to mean anything"
     torch.testing.assert_close(worker.forward(*args), worker.forward(*args), rtol=0, atol=0)
     assert worker.model.engine.module.training
+
+
+def test_scoring_runs_micro_batches_of_like_lengths_and_returns_rows_in_their_order(tiny_model, one_rank):
+    """ModelWorker.forward scores rows longest first (a micro-batch packs to its longest row) and hands back
+    each row's log-probs where the row was: each equal to the row scored alone."""
+    from rlhf_trainer.workers.model_worker import ModelWorker
+
+    worker = ModelWorker(0, 1)
+    worker.setup(_actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1, micro_rollout_batch_size=2),
+                 *worker.open_rendezvous())
+    experience = _ragged([3, 9, 5, 7, 2], [2, 5, 1, 8, 4])  # rows of 5, 14, 6, 15 and 6 tokens
+    args = experience.sequences, experience.attention_mask, experience.num_actions
+    seen = []
+    read = worker.model.action_log_probs
+    worker.model.action_log_probs = lambda sequences, attention_mask, num_actions: (
+        seen.append(attention_mask.sum(-1).tolist()) or read(sequences, attention_mask, num_actions))
+    log_probs = worker.forward(*args)
+    assert seen == [[15, 14], [6, 6], [5]]
+    with torch.no_grad(), worker.model.scoring():
+        alone = torch.cat([read(*(t[row:row + 1] for t in args[:2]), args[2]) for row in range(5)])
+    mask = experience.action_mask
+    torch.testing.assert_close(log_probs[mask], alone[mask])
 
 
 # ---------------------------------------------------------------------------------------------

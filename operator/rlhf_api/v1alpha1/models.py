@@ -72,7 +72,7 @@ class ModelSpec(APIModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about 30% more compute."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    """Attention kernel passed to transformers. flash_attention_2 needs flash-attn, which the default trainer image lacks: it is accepted only with resources.image naming an image that has it."""
+    """Attention kernel passed to transformers. flash_attention_2 needs flash-attn, which the default trainer image lacks: it is accepted only with resources.image naming an image that has it. eager trains short samples (under ~100 tokens) faster on CPU: sdpa's CPU kernel costs milliseconds a call in its backward whatever the length (benchmarks/README.md); it holds each layer's attention weights, so keep sdpa for long ones."""
     lora: LoRASpec | None = None
     """Train LoRA adapters instead of full weights (actor and critic only). With a LoRA actor and no models.reference, the reference is the actor's base weights with the adapters switched off: no second copy of the model."""
 

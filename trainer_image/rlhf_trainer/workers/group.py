@@ -311,16 +311,23 @@ class ModelGroup:
 
 def micro_batches_per_rank(experience: Experience, ranks: int, *, train_batch_size: int, micro_batch_size: int,
                            epochs: int, generator: torch.Generator) -> list[list[Experience]]:
-    """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, split evenly over
-    the ranks and then into micro-batches. Every sample carries the valid token count of its whole
-    step (step_tokens): the driver alone sees every rank's micro-batches."""
+    """`epochs` shuffled passes; each optimizer step takes trainBatchSize samples, dealt out to the ranks
+    longest first (each rank about the same tokens), each rank's cut into micro-batches of like lengths:
+    a micro-batch pads (or packs) to its longest row, so mixed lengths waste compute (a quarter of the
+    SmolLM2 example's update: benchmarks/README.md). Which micro-batch holds a row leaves the step's
+    gradient as it is (every loss aggregation weighs a step's rows alike over equal micro-batches).
+    Every sample carries the valid token count of its whole step (step_tokens): the driver alone sees
+    every rank's micro-batches."""
+    lengths = experience.attention_mask.sum(-1)
     per_rank: list[list[Experience]] = [[] for _ in range(ranks)]
     for _ in range(epochs):
         order = torch.randperm(experience.batch_size, generator=generator)
         for start in range(0, experience.batch_size, train_batch_size):
             step_rows = order[start:start + train_batch_size]
+            step_rows = step_rows[lengths[step_rows].argsort(descending=True, stable=True)]
             tokens = experience.action_mask[step_rows].sum()
-            for rank, rows in enumerate(step_rows.chunk(ranks)):
+            for rank in range(ranks):
+                rows = step_rows[rank::ranks]
                 rank_rows = replace(experience.select(rows), step_tokens=tokens.expand(len(rows)).clone())
                 per_rank[rank] += rank_rows.split(micro_batch_size)
     return per_rank

@@ -75,7 +75,7 @@ class ModelWorker:
         base: of the base model, LoRA adapters off (a LoRA actor serving as the reference)."""
         model = self.model
         read = model.action_values if model.cfg.role == "critic" else model.action_log_probs
-        return torch.cat(self._per_micro_batch(read, sequences, attention_mask, num_actions, base))
+        return self._per_micro_batch(read, sequences, attention_mask, num_actions, base)
 
     @torch.no_grad()
     def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
@@ -84,24 +84,26 @@ class ModelWorker:
         def top(*batch: Any) -> tuple[Tensor, Tensor]:
             return tuple(self.model.action_logits(*batch).log_softmax(-1).topk(k, dim=-1))
 
-        logps, ids = zip(*self._per_micro_batch(top, sequences, attention_mask, num_actions))
-        return torch.cat(logps), torch.cat(ids)
+        return self._per_micro_batch(top, sequences, attention_mask, num_actions)
 
     def _per_micro_batch(self, read: Callable, sequences: Tensor, attention_mask: Tensor, num_actions: int,
-                         base: bool = False) -> list:
-        """read(sequences, attention_mask, num_actions) of each micro-batch (rollout micro size) in eval mode,
-        its tensor, or tuple of tensors, on the CPU; base: LoRA adapters off."""
+                         base: bool = False) -> Tensor | tuple[Tensor, ...]:
+        """read(sequences, attention_mask, num_actions) in eval mode over micro-batches (rollout micro size) of
+        rows of like lengths (a micro-batch packs to its longest row); its tensor, or tuple of tensors, for
+        every row in the order given, on the CPU; base: LoRA adapters off."""
         model = self.model
         micro = model.cfg.training.micro_rollout_batch_size
+        order = attention_mask.sum(-1).argsort(descending=True, stable=True)
         outputs = []
         with model.scoring(), model.base_weights() if base else nullcontext():
-            for start in range(0, sequences.shape[0], micro):
-                rows = slice(start, start + micro)
+            for start in range(0, len(order), micro):
+                rows = order[start:start + micro]
                 out = read(sequences[rows].to(model.device), attention_mask[rows].to(model.device), num_actions)
-                outputs.append(tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu())
-        return outputs
+                outputs.append(tuple(t.cpu() for t in out) if isinstance(out, tuple) else (out.cpu(),))
+        given_order = order.argsort()
+        joined = tuple(torch.cat(parts)[given_order] for parts in zip(*outputs))
+        return joined if len(joined) > 1 else joined[0]
 
-    @torch.no_grad()
     @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str], steps: StepReward | None = None) -> Tensor:
         """Reward model: one reward per prompt + completion [B] (rewards.process.read_texts says what is read:
