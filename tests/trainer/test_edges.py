@@ -275,6 +275,20 @@ def test_a_step_without_old_log_probs_trains_as_with_the_actors_own_and_reports_
         sorted(float(kl[row][mask[row]].mean()) for row in range(2)), abs=1e-4)
 
 
+def test_a_zero0_rank_alone_steps_without_copying_its_gradients_to_all_reduce_them(tiny_model, one_rank):
+    """One rank has nothing to all-reduce: its optimizer step flattens no gradient into DeepSpeed's reduce
+    buffer (a copy the size of the model's gradients), and trains on the loss's gradient all the same
+    (test_policy_step_aggregates_the_step_as_its_formula_says)."""
+    from rlhf_trainer.workers.engine import load_model
+
+    model = load_model(_actor_config(tiny_model, train_batch_size=2, micro_train_batch_size=1), 0, 1)
+    flattened, flatten = [], model.engine.flatten
+    model.engine.flatten = lambda tensors: flattened.append(len(tensors)) or flatten(tensors)
+    for batch in _experience([2, 8]).split(1):
+        policy_step(model, replace(batch, step_tokens=torch.tensor([10.0])))
+    assert len(model.grad_norms) == 1 and flattened == []
+
+
 def test_sft_step_gives_every_token_of_the_step_the_weight_one_over_its_count(tiny_model, one_rank):
     """The offline side of the same rule: two accumulated sft micro-batches of 2 and 8 response
     tokens train as the mean NLL of the step's 10 tokens, not as the mean of two per-batch means."""

@@ -262,4 +262,8 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
                                       model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       lr_scheduler=partial(lr_scheduler, cfg) if trainable else None)
     engine.train(trainable)
+    if engine.zero_optimization_stage() == 0 and engine.dp_world_size == 1:
+        # Alone, a rank has nothing to all-reduce, yet at every accumulation boundary DeepSpeed's ZeRO-0 path
+        # flattens all gradients into one copy to reduce and copies them back (0.5 GB for 135M parameters).
+        engine.enable_backward_allreduce = False
     return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft)
