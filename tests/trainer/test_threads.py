@@ -1,8 +1,11 @@
-"""Torch threads on CPU (workers/threads.py): each phase on its share of the pod's cores."""
+"""Processes taking turns on a CPU node: each phase on its share of the pod's cores (workers/threads.py),
+and the host memory a phase freed handed back when it ends (workers/host_memory.py)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -35,3 +38,30 @@ def test_the_processes_that_work_at_once_share_the_cores(tmp_path, monkeypatch):
         assert share_the_cores(CPUS * 2, tmp_path / "absent") == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+FREED_AND_KEPT = """
+import sys
+from rlhf_trainer.workers.host_memory import release_free_memory
+
+def resident_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+before = resident_mib()
+blocks = [bytearray(64 * 1024) for _ in range(4096)]  # 256 MiB of heap blocks (under glibc's mmap threshold)
+top = bytearray(64 * 1024)  # allocated last: the heap cannot shrink from its top past it
+del blocks
+freed = resident_mib()
+release_free_memory()
+print(before, freed, resident_mib())
+"""
+
+
+def test_a_phase_s_freed_heap_goes_back_to_the_os_when_it_ends():
+    """glibc keeps freed heap blocks below a live one resident (the process stays at its high-water mark while
+    the other processes work); release_free_memory hands them back."""
+    result = subprocess.run([sys.executable, "-c", FREED_AND_KEPT], capture_output=True, text=True, check=True,
+                            env={**os.environ, "MALLOC_ARENA_MAX": "1"})
+    before, freed, released = map(float, result.stdout.split())
+    assert freed - before > 200, "the freed blocks must stay resident for this test to mean anything"
+    assert released - before < 50

@@ -33,6 +33,7 @@ from ..rewards.process import read_texts, score_reads
 from . import weights
 from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
+from .host_memory import release_free_memory
 from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, value_step
 from .threads import share_the_cores
 
@@ -102,6 +103,8 @@ class ModelWorker:
                 outputs.append(tuple(t.cpu() for t in out) if isinstance(out, tuple) else (out.cpu(),))
         given_order = order.argsort()
         joined = tuple(torch.cat(parts)[given_order] for parts in zip(*outputs))
+        del outputs
+        release_free_memory()  # the micro-batches' logits, while the actor trains
         return joined if len(joined) > 1 else joined[0]
 
     @torch.no_grad()
@@ -122,6 +125,7 @@ class ModelWorker:
         actor = self.model.cfg.role == "actor"
         metrics = mean_over_micro_batches(self.model, policy_step if actor else value_step, micro_batches)
         metrics["learning_rate" if actor else "critic_learning_rate"] = self.model.learning_rate
+        release_free_memory()  # the activations, while the engine generates
         return metrics | self._grad_norm()
 
     def train_offline(self, micro_batches: list[OfflineBatch], objective: str, options: dict) -> dict[str, float]:
@@ -129,6 +133,7 @@ class ModelWorker:
         OFFLINE_STEPS[objective] (offline.Objective.step) and the objective's options."""
         metrics = mean_over_micro_batches(self.model, OFFLINE_STEPS[objective], micro_batches, **options)
         metrics["learning_rate"] = self.model.learning_rate
+        release_free_memory()
         return metrics | self._grad_norm()
 
     def _grad_norm(self) -> dict[str, float]:

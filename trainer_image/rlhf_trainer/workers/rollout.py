@@ -27,6 +27,7 @@ import torch
 from rlhf_api.v1alpha1 import RolloutSpec
 
 from . import threads
+from .host_memory import release_free_memory
 
 # Where vLLM's engine core runs on CPU: "actor" (the engine actor's own process: the tiny model's engine
 # started in 12 s with 0.96 GB against 40 s and 2.7 GB out of process, measured under load) or "own" (a
@@ -206,6 +207,7 @@ class RolloutEngine:
                 # for output forever (an engine core in its own process blocks until it has some).
                 if self.in_flight:
                     self._step()
+        release_free_memory()  # what generating allocated, while the models score and train
         return [[request.completion() for request in group] for group in requests], time.perf_counter() - started
 
     def _send(self, request: _Request) -> None:
