@@ -286,6 +286,8 @@ def main() -> int:
     if args.held_out_each_step is not None and MODELS[args.model_shape].held_out is None:
         parser.error(f"--held-out-each-step needs a task with held-out prompts (--model-shape smollm2), not {args.model_shape}")
 
+    import yaml
+
     args.out = args.out or results_path("grpo_cpu_vs_trl", args.model_shape)
     os.environ.update(OFFLINE_ENV)
     started = time.time()
@@ -310,8 +312,6 @@ def main() -> int:
         pair_started = time.time()
         seed = job["spec"]["training"]["seed"] + (index if args.seed_per_pair else 0)
         if args.seed_per_pair:
-            import yaml
-
             (work / "job.yaml").write_text(yaml.safe_dump({**job, "spec": {
                 **job["spec"], "training": {**job["spec"]["training"], "seed": seed}}}))
         order = SIDES if index % 2 == 0 else SIDES[::-1]

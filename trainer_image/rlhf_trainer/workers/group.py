@@ -35,6 +35,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 from ..experience import Experience
 from .engine import ModelConfig
 from .model_worker import ModelWorker
+from .packing import longest_first
 from . import threads
 from .rollout import CONCURRENCY_GROUPS, RolloutEngine, engine_env
 
@@ -318,13 +319,12 @@ def micro_batches_per_rank(experience: Experience, ranks: int, *, train_batch_si
     gradient as it is (every loss aggregation weighs a step's rows alike over equal micro-batches).
     Every sample carries the valid token count of its whole step (step_tokens): the driver alone sees
     every rank's micro-batches."""
-    lengths = experience.attention_mask.sum(-1)
     per_rank: list[list[Experience]] = [[] for _ in range(ranks)]
     for _ in range(epochs):
         order = torch.randperm(experience.batch_size, generator=generator)
         for start in range(0, experience.batch_size, train_batch_size):
             step_rows = order[start:start + train_batch_size]
-            step_rows = step_rows[lengths[step_rows].argsort(descending=True, stable=True)]
+            step_rows = step_rows[longest_first(experience.attention_mask[step_rows])]
             tokens = experience.action_mask[step_rows].sum()
             for rank in range(ranks):
                 rows = step_rows[rank::ranks]

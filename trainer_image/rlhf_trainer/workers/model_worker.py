@@ -35,6 +35,7 @@ from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_
 from .engine import ModelConfig, load_model
 from .host_memory import release_free_memory
 from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, value_step
+from .packing import longest_first
 from .threads import share_the_cores
 
 
@@ -94,7 +95,7 @@ class ModelWorker:
         every row in the order given, on the CPU; base: LoRA adapters off."""
         model = self.model
         micro = model.cfg.training.micro_rollout_batch_size
-        order = attention_mask.sum(-1).argsort(descending=True, stable=True)
+        order = longest_first(attention_mask)
         outputs = []
         with model.scoring(), model.base_weights() if base else nullcontext():
             for start in range(0, len(order), micro):

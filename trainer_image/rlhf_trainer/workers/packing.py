@@ -76,6 +76,12 @@ def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int, one_row: b
     return Packed(input_ids, position_ids, keep.to(device), row.to(device), column.to(device))
 
 
+def longest_first(attention_mask: Tensor) -> Tensor:
+    """Row indices, longest first: micro-batches cut from them in turn hold rows of like lengths, and a
+    micro-batch packs (or pads) to its longest row, so mixed lengths would waste its compute."""
+    return attention_mask.sum(-1).argsort(descending=True, stable=True)
+
+
 def unpack_logits(logits: Tensor, packed: Packed) -> Tensor:
     """[rows, U, V] -> [B, T, V] in the padded layout."""
     return logits[packed.row, packed.column]
