@@ -9,7 +9,9 @@ reference without a second copy of the weights (workers/group.py: `shared_roles`
 `merged_entries` lists the model's weights under the base model's names, each adapted layer's
 weight merged as W + scale * B @ A: what vLLM is sent after every update and what the merged
 export holds. A critic's or reward model's score head, and any module lora.modulesToSave names, is
-trained whole (peft's modules_to_save) and read from its trained copy.
+trained whole (peft's modules_to_save) and read from its trained copy. Under QLoRA every 4-bit base
+weight, adapted or not, is listed dequantized, in its full shape: vLLM loads the unquantized model's
+layout and refuses bitsandbytes' packed one.
 """
 
 from __future__ import annotations
@@ -75,26 +77,35 @@ def merged_entries(module: nn.Module) -> list[Entry]:
         owner = module.get_submodule(name.rsplit(".base_layer.", 1)[0]) if ".base_layer." in name else None
         if isinstance(owner, LoraLayer) and name.endswith(".base_layer.weight"):
             adapters = [owner.lora_A[ADAPTER].weight, owner.lora_B[ADAPTER].weight]
-            # Not the weight's own shape: a 4-bit weight's is its packed one. A Conv1D layer (GPT-2's,
-            # peft's fan_in_fan_out) stores its weight [in, out], and so is the merged one.
-            shape = (owner.out_features, owner.in_features)
-            if getattr(owner, "fan_in_fan_out", False):
-                shape = shape[::-1]
-            entries.append((base_name(name), shape, [param, *adapters], lambda layer=owner: _merged_weight(layer)))
+            # A Conv1D layer (GPT-2's, peft's fan_in_fan_out) stores its weight [in, out], and so is the merged one.
+            entries.append((base_name(name), full_shape(param), [param, *adapters],
+                            lambda layer=owner, p=param: _merged_weight(layer, p)))
         else:
-            entries.append((base_name(name), full_shape(param), [param], lambda p=param: p.data))
+            # A frozen layer is sent too, dequantized, although vLLM loaded it from the same checkpoint: vLLM holds
+            # the unquantized weight, the trainer's policy computes with the dequantized one (nf4 rounding), and
+            # vLLM reloads a fused layer (qkv_proj, gate_up_proj) from all of its parts, adapted or not.
+            entries.append((base_name(name), full_shape(param), [param], lambda p=param: dense(p)))
     return entries
 
 
 def full_shape(param: nn.Parameter) -> tuple[int, ...]:
-    """A parameter's full shape, without a gather: a ZeRO-3 shard keeps it as `ds_shape`."""
-    return tuple(getattr(param, "ds_shape", param.shape))
+    """A parameter's full shape, without a gather: a ZeRO-3 shard keeps it as `ds_shape`, a 4-bit weight in its
+    quant_state (its own shape is the packed one, [out * in / 2, 1])."""
+    state = getattr(param, "quant_state", None)
+    return tuple(state.shape if state is not None else getattr(param, "ds_shape", param.shape))
 
 
-def _merged_weight(layer) -> Tensor:
-    """W + scale * B @ A (peft's delta, which also transposes for fan_in_fan_out layers); a 4-bit base
-    weight is dequantized first."""
-    from peft.utils.integrations import dequantize_module_weight
+def dense(param: nn.Parameter) -> Tensor:
+    """A parameter's values as the unquantized model holds them: a 4-bit base weight (bitsandbytes' Params4bit,
+    packed uint8 with its quant_state) dequantized to the dtype it was loaded in."""
+    if getattr(param, "quant_state", None) is None:
+        return param.data
+    from bitsandbytes.functional import dequantize_4bit
 
-    base = dequantize_module_weight(layer.get_base_layer())
-    return base.data + layer.get_delta_weight(ADAPTER).to(base.dtype)
+    return dequantize_4bit(param.data, param.quant_state)
+
+
+def _merged_weight(layer, base_weight: nn.Parameter) -> Tensor:
+    """W + scale * B @ A (peft's delta, which also transposes for fan_in_fan_out layers)."""
+    base = dense(base_weight)
+    return base + layer.get_delta_weight(ADAPTER).to(base.dtype)

@@ -10,7 +10,8 @@ rollout.weightSyncBucketMib); each bucket is flattened into one tensor, which ac
 broadcasts and each rank hands to the workers on its device. A LoRA actor sends the base model's
 weights with its adapters merged in (W + scale * B @ A, see workers/lora.py), under the names vLLM
 loads; vLLM serves them as a plain model. Every weight is sent, also those LoRA leaves unchanged:
-vLLM reloads a layer from all of its weights.
+vLLM reloads a layer from all of its weights (QLoRA's 4-bit ones dequantized to the unquantized
+model's shapes, lora.dense).
 Each vLLM worker cuts the received buckets back into weights (the names and shapes the driver
 announces) and reloads its model in place from them, with the loader vLLM uses on both platforms
 (the worker's `reload_weights`); the engine then drops its prefix cache (cached KV blocks were
