@@ -165,6 +165,7 @@ def _nccl_env(rdma: api.RDMASpec | None) -> list[dict[str, Any]]:
             "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
             "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
             "NCCL_DEBUG": rdma.nccl_debug,
+            contract.REQUIRE_LOCKED_MEMORY_ENV: "true" if rdma.require_locked_memory else None,
         }
     return [{"name": key, "value": value} for key, value in settings.items() if value is not None]
 
@@ -380,7 +381,7 @@ def _worker_metadata(job: api.RLHFJob) -> dict[str, Any]:
 def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     resources = job.spec.resources
     volumes, mounts = _volumes(job)
-    limits = {"cpu": resources.worker.cpu, "memory": resources.worker.memory}
+    limits = {"cpu": resources.worker.cpu, "memory": resources.worker_memory}
     env = [dict(NO_GPUS_ENV), dict(GCS_GONE_ENV)]
     gpus = resources.gpus_per_node > 0
     if gpus:

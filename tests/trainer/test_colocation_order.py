@@ -138,6 +138,29 @@ def test_the_hybrid_engine_wakes_its_weights_takes_the_sync_then_wakes_its_kv_ca
     assert calls == order
 
 
+def test_the_hybrid_engine_s_first_wake_follows_the_models_handing_back_what_their_load_cached(monkeypatch):
+    """Issue 50: the first wake, once the models had loaded, skipped release_memory: vLLM woke beside the blocks
+    the loads left in each process's caching allocator."""
+    calls: list[str] = []
+    engine = Engine(calls)
+    engine.ready = SimpleNamespace(remote=lambda: calls.append("ready"))
+    monkeypatch.setattr(trainer_module.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(trainer_module, "create_rollout_engines", lambda *args, **kwargs: [engine])
+    monkeypatch.setattr(trainer_module, "build_reward", lambda *args, **kwargs: None)
+    monkeypatch.setattr(trainer_module, "setup_weight_sync", lambda *args, **kwargs: calls.append("weight sync"))
+    manifest = yaml.safe_load((EXAMPLES / "ppo-job.yaml").read_text())
+    trainer = Trainer.__new__(Trainer)
+    trainer.spec = validate(manifest).spec
+    trainer.rollout, trainer.training, trainer.optimizer_steps = trainer.spec.rollout, trainer.spec.training, 1
+    trainer.placement = SimpleNamespace(use_gpu=True, engines_colocated=True)
+    trainer.placement_group = trainer.actor_path = trainer.base_dir = None
+    trainer.groups = {role: Ranks(role, calls) for role in ("actor", "reference", "critic")}
+    trainer._start_groups = lambda **options: calls.append("load") or []
+    trainer._start_workers()
+    assert calls == ["ready", "sleep 1", "load", "release_memory actor", "release_memory reference",
+                     "release_memory critic", "wake None", "weight sync"]
+
+
 @pytest.mark.parametrize(("offload", "use_gpu", "env"), [
     (True, True, {"OMP_NUM_THREADS": "8"}),  # the PPO example's worker pods: 64 CPUs, 8 GPUs
     (False, True, {}), (True, False, {}),  # Adam on the GPU; on CPU, Ray's CPUs per rank

@@ -13,8 +13,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from rlhf_api.validation import InvalidJob, validate
 from rlhf_operator.cli import main
-from rlhf_trainer.memory_plan import (CUDA_CONTEXT, DEEPSPEED_BUFFERS, GIB, Shape, gpu_bytes, local_config, plan_job,
-                                      plan_memory, refuse_unless_fits)
+from rlhf_trainer.memory_plan import (CUDA_CONTEXT, DEEPSPEED_BUFFERS, ENGINE, GIB, HOST_PROCESS, NCCL_PEERS,
+                                      ZERO3_LIVE_PARAMETERS, Shape, gpu_bytes, local_config, plan_job, plan_memory,
+                                      refuse_unless_fits)
 from rlhf_trainer.workers.group import Placement
 from rlhf_trainer.tiny import build_tiny_model
 
@@ -102,24 +103,87 @@ def _plan(spec, gpu="NVIDIA-H100-80GB-HBM3"):
 
 def test_grpo_example_bytes_per_gpu_follow_from_the_parameters():
     """8 GPUs all shared (colocation all): ZeRO-3 splits the actor's and the reference's weights 8 ways, the
-    actor's gradients and AdamW state too; vLLM's share is 0.5 of each GPU while it samples."""
+    actor's gradients and AdamW state too; a vLLM worker of tensor-parallel width 2 beside them, its share 0.5 of
+    each GPU while it samples. Each pass counted by hand from the rules memory_plan.py states."""
     spec = _job("grpo")
     plan = _plan(spec)
     params, total = 7_615_616_512, gpu_bytes("NVIDIA-H100-80GB-HBM3")
+    hidden, vocab, layers = 3584, 152064, 28
     assert total == 81559 << 20
     gpu = plan.gpus[0]
-    actor, reference = gpu.processes
+    actor, reference, engine = gpu.processes
     assert actor.held == {"weights": params * 2 // 8, "gradients": params * 2 // 8, "optimizer": params * 12 // 8,
-                          "deepspeed buffers": DEEPSPEED_BUFFERS}
-    assert reference.held == {"weights": params * 2 // 8}
+                          "deepspeed buffers": DEEPSPEED_BUFFERS, "NCCL peers": NCCL_PEERS}
+    assert reference.held == {"weights": params * 2 // 8, "NCCL peers": NCCL_PEERS}
+    assert engine.name == ENGINE and engine.resident == NCCL_PEERS + CUDA_CONTEXT  # its tensor-parallel group
+    # ZeRO-3 gathers DeepSpeed's default live parameters; the logits of the 2048 + 1 response positions only
+    scoring, micro, prompt, response = 8, 4, 1024, 2048
+    gathered = ZERO3_LIVE_PARAMETERS * 2
+    score = gathered + scoring * (response + 1) * vocab * 12 + 34 * scoring * (prompt + response) * hidden
+    tokens = micro * (prompt + response)  # gradient checkpointing: each layer's input, and one layer's working set
+    train = gathered + micro * (response + 1) * vocab * 16 + layers * tokens * hidden * 2 + 34 * tokens * hidden
+    assert (spec.training.micro_rollout_batch_size, spec.training.micro_train_batch_size) == (scoring, micro)
+    assert (spec.data.max_prompt_tokens, spec.rollout.max_new_tokens) == (prompt, response)
+    assert actor.extra == {"score": score, "train": train} and reference.extra == {"score": score}
     assert gpu.engine_share == 0.5
-    resident = actor.resident + reference.resident
-    assert actor.resident == sum(actor.held.values()) + CUDA_CONTEXT
+    resident = actor.resident + reference.resident + engine.resident
     assert gpu.phase("generate", total) == resident + int(0.5 * total)
-    # the passes take turns: the larger of the two models' scoring passes, not their sum
-    assert gpu.phase("score", total) == resident + max(actor.extra["score"], reference.extra["score"])
-    assert gpu.phase("train", total) == resident + actor.extra["train"]
-    assert plan.fits and all(len(g.processes) == 2 for g in plan.gpus)
+    assert gpu.phase("score", total) == resident + score  # the passes take turns: the larger, not their sum
+    assert gpu.phase("train", total) == resident + train
+    assert plan.fits and all(len(g.processes) == 3 for g in plan.gpus)
+
+
+def test_a_long_prompt_is_charged_logits_for_its_response_only():
+    """The forward keeps the logits of the response positions (logits_to_keep): a 16k-token prompt with 256-token
+    answers costs its layers 16k tokens and its logits 257 positions (the plan charged all 16.6k: ~65x)."""
+    spec = _job("grpo", **{"data.maxPromptTokens": 16384, "rollout.maxNewTokens": 256})
+    actor = _plan(spec).gpus[0].processes[0]
+    tokens, logits = 8 * (16384 + 256), 8 * 257 * 152064  # 8 rows a scoring micro-batch
+    assert actor.extra["score"] == ZERO3_LIVE_PARAMETERS * 2 + logits * 12 + 34 * tokens * 3584
+
+
+def test_the_optimizer_step_s_fp32_gradients_are_charged_when_larger_than_the_activations():
+    """DeepSpeed steps bf16 weights from an fp32 copy of the gradient partition: one rank (nothing split) of a
+    7B model with a tiny micro-batch needs it, not the activations, at the step."""
+    spec = _job("sft", **{"resources.gpusPerNode": 1, "training.zeroStage": 1, "data.maxTokens": 16,
+                          "training.microTrainBatchSize": 1, "training.trainBatchSize": 1})
+    [actor] = _plan(spec, gpu="NVIDIA-H200").gpus[0].processes
+    assert actor.extra["train"] == 8_030_261_248 * 4
+
+
+def test_host_memory_per_worker_pod_is_planned_and_the_default_pod_holds_every_gpu_example():
+    """Issue 50: an 8-GPU GRPO pod got 32 GiB, /dev/shm counted in it, while its 8 sleeping vLLM workers pin
+    their weights (Qwen2.5-7B at tensor-parallel 2: ~57 GiB) in host memory. The default worker memory is now
+    shmSize + 32Gi a GPU, and each GPU example's host plan fits it or its own worker.memory."""
+    spec = _job("grpo")
+    plan = _plan(spec)
+    pod, host = plan.pod_host()
+    assert spec.resources.worker.memory is None and spec.resources.worker_memory == "272Gi"  # 16Gi + 8 x 32Gi
+    assert plan.pod_limit == 272 * GIB
+    assert host == {"/dev/shm": 16 * GIB, "process": 8 * 3 * HOST_PROCESS,
+                    "vLLM weights asleep (pinned)": 8 * (7_615_616_512 * 2 // 2)}
+    for example in sorted(EXAMPLES.glob("*-job.yaml")):
+        job = validate(__import__("yaml").safe_load(example.read_text())).spec
+        if job.resources.gpus_per_node:
+            assert _plan(job).host_fits, (example.name, _plan(job).render())
+
+
+def test_a_pod_short_of_host_memory_is_refused_naming_worker_memory_and_the_size_it_needs():
+    plan = _plan(_job("grpo", **{"resources.worker.memory": "64Gi"}))
+    assert not plan.host_fits and not plan.fits
+    with pytest.raises(InvalidJob) as refused:
+        refuse_unless_fits(plan)
+    [error] = refused.value.errors
+    needed = sum(plan.pod_host()[1].values())
+    assert error.path == "spec.resources.worker.memory"
+    assert f"would hold {needed / GIB:.1f} GiB of host memory" in error.message
+    assert f"set resources.worker.memory to {-(-needed // GIB)}Gi or more" in error.message
+
+
+@pytest.mark.parametrize("name, label", [("H100", "NVIDIA-H100-80GB-HBM3"), ("h200", "NVIDIA-H200"),
+                                         ("A100-80GB", "NVIDIA-A100-SXM4-80GB"), ("L40S", "NVIDIA-L40S")])
+def test_gpus_by_the_names_people_type(name, label):
+    assert gpu_bytes(name) == gpu_bytes(label)
 
 
 @pytest.mark.parametrize("change, fits", [
@@ -145,9 +209,10 @@ def test_a_job_that_does_not_fit_is_refused_with_its_numbers_and_what_to_change(
 
 def test_rlhf_validate_prints_the_plan_of_each_gpu_example_and_fails_one_that_does_not_fit(capsys):
     examples = sorted(str(p) for p in EXAMPLES.glob("*-job.yaml"))
-    assert main(["validate", "--gpu", "NVIDIA-H100-80GB-HBM3", "--model-configs", str(CONFIGS), *examples]) == 0
+    assert main(["validate", "--gpu", "H100", "--model-configs", str(CONFIGS), *examples]) == 0
     out = capsys.readouterr().out
     assert out.count("peak: GPU") == sum("gpusPerNode: 0" not in Path(p).read_text() for p in examples)
+    assert out.count("host memory of worker pod") == out.count("peak: GPU")
     assert out.count("runs on CPU") == sum("gpusPerNode: 0" in Path(p).read_text() for p in examples)
     assert "DOES NOT FIT" not in out
     assert main(["validate", "--gpu", "24GiB", "--model-configs", str(CONFIGS), str(EXAMPLES / "ppo-job.yaml")]) == 1
@@ -158,6 +223,28 @@ def test_rlhf_run_refuses_a_gpu_job_that_cannot_fit_before_any_model_loads(toy_j
     """The actor on a local path (its config.json read, no weights there): 8 GPUs of 24 GB cannot hold
     Llama-3-8B's training state beside vLLM's share."""
     job = toy_job(**{"models.actor.path": str(LLAMA3_8B), "resources.gpusPerNode": 8,
+                     "resources.gpuProduct": "NVIDIA-L4", "training.colocation": "all", "training.zeroStage": 1})
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "spec.resources: the job does not fit NVIDIA-L4" in error and "actor rank 0" in error, error
+
+
+def test_rlhf_run_plans_a_hub_model_from_its_config_alone_and_refuses_what_cannot_fit(toy_job, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Issue 50: the plan was not enforced for models named by hub id (both GPU examples). The trainer now reads
+    the hub's config.json alone, before any GPU is touched: here from a Hugging Face cache, offline, laid out as
+    huggingface_hub lays it out (no hub is reachable here)."""
+    import huggingface_hub.constants
+
+    commit = "0" * 40
+    snapshot = tmp_path / "hub" / "models--meta-llama--Meta-Llama-3-8B"
+    (snapshot / "refs").mkdir(parents=True)
+    (snapshot / "refs" / "main").write_text(commit)
+    (snapshot / "snapshots" / commit).mkdir(parents=True)
+    (snapshot / "snapshots" / commit / "config.json").write_text((LLAMA3_8B / "config.json").read_text())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    job = toy_job(**{"models.actor.path": "meta-llama/Meta-Llama-3-8B", "resources.gpusPerNode": 8,
                      "resources.gpuProduct": "NVIDIA-L4", "training.colocation": "all", "training.zeroStage": 1})
     assert main(["run", str(job), "--output-dir", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err

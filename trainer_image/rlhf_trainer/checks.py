@@ -19,7 +19,7 @@ from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
-from .memory_plan import GPU_MEMORY_MIB, local_config, plan_memory, refuse_unless_fits, shapes_of
+from .memory_plan import GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, refuse_unless_fits, shapes_of
 from .paths import model_path
 from .rewards.process import STEP_SEPARATOR_KEY
 from .workers.group import Placement, plan_placement
@@ -188,13 +188,14 @@ def _qlora_problems(spec: RLHFJobSpec) -> list[str]:
 
 
 def _refuse_unless_memory_fits(spec: RLHFJobSpec, placement: Placement, base_dir: Path) -> None:
-    """The memory plan (memory_plan.py) on GPUs of the job's gpuProduct, when their size is known and the
-    models' configs are local (hub models are not fetched here: `rlhf validate --gpu` plans those)."""
-    if not uses_gpus(spec) or spec.resources.gpu_product not in GPU_MEMORY_MIB:
+    """The memory plan (memory_plan.py) on GPUs of the job's gpuProduct, when their size is known: local models'
+    configs read from their directories, hub models' config.json fetched alone, before any GPU is touched."""
+    if not uses_gpus(spec) or gpu_label(spec.resources.gpu_product or "") not in GPU_MEMORY_MIB:
         return
     try:
-        shapes = shapes_of(spec, placement, local_config(None, base_dir, spec))
-    except FileNotFoundError:
+        shapes = shapes_of(spec, placement, local_config(None, base_dir, spec, fetch=True))
+    except Exception as error:  # noqa: BLE001 - a hub out of reach: loading the model will say so, plainly
+        log.warning("no memory plan (%s: %s): the job starts unchecked", type(error).__name__, error)
         return
     refuse_unless_fits(plan_memory(spec, placement, shapes, spec.resources.gpu_product))
 

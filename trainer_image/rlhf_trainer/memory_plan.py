@@ -1,28 +1,40 @@
-"""What each GPU of a job holds, phase by phase, estimated from the models' configs before anything loads.
+"""What each GPU and each worker pod of a job holds, phase by phase, estimated from the models' configs before
+anything loads.
 
 The trainer's order of calls is the plan's (trainer.py): on shared GPUs vLLM's engines start first and
-sleep while the models load; each step the engines sample (phase "generate"), then sleep while the models
-score the rollout one after another ("score") and train one after another ("train"); then the models hand
-their cached blocks back, the engines wake their weights, take the sync, and only then their KV cache.
-A job whose busiest GPU cannot hold a phase is refused before any model loads.
+sleep while the models load; each step the engines sample and a reward model scores the samples (phase
+"generate": the engines are still awake), then the engines sleep while the models score the rollout one after
+another ("score") and train one after another ("train"), each process handing its caching allocator's blocks
+back after its pass (model_worker.py); then the engines wake their weights, take the sync, and only then their
+KV cache. A job whose busiest GPU, or whose worker pod, cannot hold a phase is refused before any model loads.
 
-The estimates, per process on a GPU (bytes):
-- weights: parameters (counted from config.json, exact for the architectures in _layer_params) x the
-  dtype's bytes, split over the group's ranks under ZeRO-3;
+The terms, per process on a GPU (bytes), and how each is calibrated:
+- weights: parameters (counted from config.json: exact for the architectures in _layer_params, tested against
+  transformers' own models) x the dtype's bytes, split over the group's ranks under ZeRO-3;
 - a trained model's gradients (its dtype, split from ZeRO-2) and AdamW's state (fp32 master weights under
   bf16, and two fp32 moments: 12 or 8 bytes per parameter, split from ZeRO-1; none with offloadOptimizer);
-  LoRA trains adapters only, whose state is counted as nothing;
-- activations of one micro-batch of full-length sequences: the logits in fp32 (log-softmax and, when
-  training, its gradient beside them) and the layers' own: about 34 x tokens x hidden bytes per layer in
-  16 bits (Korthikanti et al. 2022, arXiv:2205.05198, with a fused attention), or only each layer's input
-  and one layer's working set with gradient checkpointing. Upper bounds: packing and shorter samples hold less;
-- a vLLM engine awake: gpuMemoryUtilization x the GPU, all of it its weights, activations and KV cache
-  (vLLM sizes the cache to fill its share), asleep nothing but its CUDA context (level 1 before the first
-  rollout, its weights in host memory; level 2 in the loop, the weights dropped for the sync to replace);
-- CUDA_CONTEXT per process: the CUDA context, cuBLAS workspace and NCCL buffers, as benchmarks/gpu_check.py
-  measured them (a process's GPU memory less what torch's allocator reserved): 1.30 GiB on an H200 with torch
-  2.11 / CUDA 13 and a one-rank NCCL group (2026-11-27). More NCCL peers add buffers.
-
+  LoRA trains adapters only, whose state is counted as nothing. Exact (byte counts of DeepSpeed's partitions);
+- at the optimizer step of 16-bit weights, the fp32 gradient partition DeepSpeed steps from (4 bytes a
+  parameter, split from ZeRO-1): estimated from DeepSpeed's optimizer code, charged instead of the
+  activations (they are freed by then), not beside them;
+- under ZeRO-3 with several ranks, the whole parameters each pass gathers: DeepSpeed's defaults keep up to
+  stage3_max_live_parameters (1e9) plus a stage3_prefetch_bucket_size (5e7) of them live, the whole model if
+  smaller. Estimated from DeepSpeed's defaults (the config leaves them as they are);
+- activations of one micro-batch of full-length sequences: the logits of the response positions only (the
+  forward keeps only those, logits_to_keep): 12 bytes an element when scoring (the model's logits, their
+  float32 copy at the sampling temperature, the log-softmax) and 16 when training (their gradients too), and
+  the layers' own: about 34 x tokens x hidden bytes per layer in 16 bits (Korthikanti et al. 2022,
+  arXiv:2205.05198, with a fused attention), or only each layer's input and one layer's working set with
+  gradient checkpointing. Upper bounds: packing and shorter samples hold less. Estimated; the one-GPU check
+  (benchmarks/gpu_check.py) measured a 39M-parameter ZeRO-3 step at 0.66-0.9x of the plan;
+- a vLLM worker: its CUDA context always (its own process), and while awake gpuMemoryUtilization x the GPU on
+  top, all of it its weights, activations and KV cache (vLLM sizes the cache to fill its share); asleep nothing
+  more (level 1 before the first rollout, its weights in pinned host memory; level 2 in the loop);
+- CUDA_CONTEXT per process: the CUDA context, cuBLAS workspace and NCCL buffers of a one-rank group, as
+  benchmarks/gpu_check.py measured them (a process's GPU memory less what torch's allocator reserved): 1.30 GiB
+  on an H200 with torch 2.11 / CUDA 13 (2026-11-27); NCCL_PEERS more in each process of a group with several
+  ranks (NCCL's per-peer channel buffers: estimated from NCCL's defaults, 4 MiB buffers x up to 32 channels x
+  send and receive x its protocols);
 - DEEPSPEED_BUFFERS per trained rank and per 2 bytes of each dtype it reduces gradients in: what DeepSpeed's
   engine allocates beyond the weights, gradients and optimizer state (its reduce bucket, 5e8 elements by
   default, sized by its defaults rather than by the model), as benchmarks/gpu_check.py measured it: a
@@ -31,8 +43,18 @@ The estimates, per process on a GPU (bytes):
   autocast at 3.74 GiB (2026-11-28): a bucket for the linear layers' bfloat16 gradients and one for the rest's
   float32, 1 + 2 GiB (`deepspeed_buffers`).
 
-What the plan leaves out: the caching allocator's fragmentation. Treat a phase within a few GiB of the GPU's
-size as not fitting.
+Host memory, per worker pod (its GPUs' processes together, against resources.worker_memory):
+- HOST_PROCESS per process (a model rank or a vLLM worker): Python, torch, CUDA's host-side libraries, Ray's
+  worker: estimated at 3 GiB (a CPU rank here measures 0.6 GiB without CUDA's libraries);
+- vLLM's pinned copy of its weights while it sleeps at level 1 (the hybrid engine, before the first rollout):
+  the actor's parameters x the engine dtype / its tensor-parallel width, per worker. Exact;
+- offloadOptimizer: DeepSpeed's CPU partition of fp32 master weights, moments and gradients, 16 bytes a
+  parameter split over the ranks. Exact;
+- /dev/shm, memory-backed and counted in the pod's limit: resources.shmSize, whole (NCCL, vLLM and Ray's
+  object store write there).
+
+What the plan leaves out: the caching allocator's fragmentation, and host memory while a model loads (read
+from the safetensors files' shared page cache). Treat a phase within a few GiB of the GPU's size as not fitting.
 """
 
 from __future__ import annotations
@@ -43,6 +65,7 @@ from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.v1alpha1 import RLHFJobSpec
+from rlhf_api.v1alpha1.base import quantity_bytes
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .workers.engine import CAUSAL_LM_ROLES, TRAINED_ROLES
@@ -50,24 +73,41 @@ from .workers.group import ROLLOUT, Placement
 
 GIB = 1 << 30
 CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
+NCCL_PEERS = GIB // 2  # estimated, see above
 DEEPSPEED_BUFFERS = GIB  # per 2 bytes of a gradient dtype: measured 0.89 and 0.99 GiB in bfloat16, see above
+ZERO3_LIVE_PARAMETERS = 1_000_000_000 + 50_000_000  # DeepSpeed's max live parameters and prefetch bucket
+HOST_PROCESS = 3 * GIB  # estimated, see above
+LOGIT_BYTES = {False: 12, True: 16}  # per logit element, scoring / training (see above)
 # nvidia.com/gpu.product label -> the memory nvidia-smi reports (MiB)
 GPU_MEMORY_MIB = {
     "NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-H100-NVL": 95830, "NVIDIA-H200": 143771,
     "NVIDIA-A100-SXM4-80GB": 81920, "NVIDIA-A100-SXM4-40GB": 40960, "NVIDIA-A100-80GB-PCIe": 81920,
     "NVIDIA-L40S": 46068, "NVIDIA-A10G": 23028, "NVIDIA-L4": 23034,
 }
+# The names people type -> the product label (case does not matter)
+GPU_NAMES = {
+    "H100": "NVIDIA-H100-80GB-HBM3", "H100-80GB": "NVIDIA-H100-80GB-HBM3", "H100-NVL": "NVIDIA-H100-NVL",
+    "H200": "NVIDIA-H200", "A100-80GB": "NVIDIA-A100-SXM4-80GB", "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "A100-80GB-PCIE": "NVIDIA-A100-80GB-PCIe", "L40S": "NVIDIA-L40S", "A10G": "NVIDIA-A10G", "L4": "NVIDIA-L4",
+}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PHASES = ("generate", "score", "train")
+ENGINE = "vLLM worker"
+
+
+def gpu_label(gpu: str) -> str:
+    """The nvidia.com/gpu.product label of a GPU named by its label or by a name people type (H100, A100-80GB)."""
+    return GPU_NAMES.get(gpu.upper(), gpu)
 
 
 def gpu_bytes(gpu: str) -> int:
-    """A GPU's memory from its product label (GPU_MEMORY_MIB) or a size such as 80GiB."""
-    if gpu in GPU_MEMORY_MIB:
-        return GPU_MEMORY_MIB[gpu] << 20
+    """A GPU's memory from its product label (GPU_MEMORY_MIB), a name (GPU_NAMES) or a size such as 80GiB."""
+    if gpu_label(gpu) in GPU_MEMORY_MIB:
+        return GPU_MEMORY_MIB[gpu_label(gpu)] << 20
     if gpu.endswith("GiB") and gpu[:-3].replace(".", "", 1).isdigit():
         return int(float(gpu[:-3]) * GIB)
-    raise ValueError(f"unknown GPU {gpu!r}: name a size such as 80GiB, or one of {', '.join(GPU_MEMORY_MIB)}")
+    raise ValueError(f"unknown GPU {gpu!r}: name a size such as 80GiB, one of {', '.join(GPU_NAMES)}, or a product "
+                     f"label: {', '.join(GPU_MEMORY_MIB)}")
 
 
 @dataclass(frozen=True)
@@ -122,11 +162,12 @@ def _final_norm(text: dict, hidden: int) -> int:
 
 @dataclass
 class Process:
-    """One process's share of a GPU: what it holds throughout, and its peak on top in each phase."""
+    """One process's share of a GPU: what it holds throughout, its peak on top in each phase, and its host memory."""
 
     name: str
     held: dict[str, int] = field(default_factory=dict)  # what -> bytes, all phases
     extra: dict[str, int] = field(default_factory=dict)  # phase -> bytes on top of `held`, while it runs
+    host: dict[str, int] = field(default_factory=dict)  # what -> bytes of host memory at its peak
 
     @property
     def resident(self) -> int:
@@ -146,6 +187,14 @@ class GPUPlan:
         return sum(p.resident for p in self.processes) + int(engine) + max(
             (p.extra.get(name, 0) for p in self.processes), default=0)
 
+    def host(self) -> dict[str, int]:
+        """Host memory of this GPU's processes, by what."""
+        kinds: dict[str, int] = {}
+        for process in self.processes:
+            for what, n in process.host.items():
+                kinds[what] = kinds.get(what, 0) + n
+        return kinds
+
 
 @dataclass
 class MemoryPlan:
@@ -154,13 +203,33 @@ class MemoryPlan:
     gpus: list[GPUPlan]
     kv_sequences: int | None  # full-length sequences an engine's KV cache holds at once (None: no engines)
     notes: list[str]
+    gpus_per_pod: int = 1
+    shm: int = 0  # each worker pod's /dev/shm
+    pod_limit: int | None = None  # each worker pod's memory limit (None: not checked)
 
     def peak(self) -> tuple[GPUPlan, str, int]:
         return max(((g, phase, g.phase(phase, self.total)) for g in self.gpus for phase in PHASES), key=lambda t: t[2])
 
+    def pod_host(self) -> tuple[int, dict[str, int]]:
+        """The busiest worker pod's host memory: (pod index, what -> bytes), its GPUs' processes and /dev/shm."""
+        pods: list[dict[str, int]] = []
+        for start in range(0, len(self.gpus), self.gpus_per_pod):
+            kinds = {"/dev/shm": self.shm}
+            for gpu in self.gpus[start:start + self.gpus_per_pod]:
+                for what, n in gpu.host().items():
+                    kinds[what] = kinds.get(what, 0) + n
+            pods.append(kinds)
+        index = max(range(len(pods)), key=lambda i: sum(pods[i].values()))
+        return index, pods[index]
+
+    @property
+    def host_fits(self) -> bool:
+        return self.pod_limit is None or sum(self.pod_host()[1].values()) <= self.pod_limit
+
     @property
     def fits(self) -> bool:
-        return self.peak()[2] <= self.total and (self.kv_sequences is None or self.kv_sequences >= 1)
+        return (self.peak()[2] <= self.total and (self.kv_sequences is None or self.kv_sequences >= 1)
+                and self.host_fits)
 
     def render(self) -> str:
         gib = lambda n: f"{n / GIB:.1f}"  # noqa: E731
@@ -169,16 +238,23 @@ class MemoryPlan:
             phases = "  ".join(f"{phase} {gib(plan.phase(phase, self.total)):>6}" for phase in PHASES)
             lines.append(f"  GPU {plan.index}: {phases}")
             for process in plan.processes:
-                held = ", ".join(f"{what} {gib(n)}" for what, n in process.held.items())
+                held = "".join(f"{what} {gib(n)}, " for what, n in process.held.items())
                 extra = ", ".join(f"{phase} +{gib(n)}" for phase, n in process.extra.items())
-                lines.append(f"    {process.name}: {held}; context {gib(CUDA_CONTEXT)}" + (f"; {extra}" if extra else ""))
+                lines.append(f"    {process.name}: {held}context {gib(CUDA_CONTEXT)}" + (f"; {extra}" if extra else ""))
             if plan.engine_share:
                 lines.append(f"    vLLM worker awake: {plan.engine_share:g} of the GPU ({gib(plan.engine_share * self.total)})")
         if self.kv_sequences is not None:
             lines.append(f"  KV cache per engine: {self.kv_sequences} full-length sequences at once")
         plan, phase, used = self.peak()
+        gpu_fits = used <= self.total and (self.kv_sequences is None or self.kv_sequences >= 1)
         lines.append(f"  peak: GPU {plan.index} in {phase}, {gib(used)} of {gib(self.total)} GiB: "
-                     + ("fits" if self.fits else "DOES NOT FIT"))
+                     + ("fits" if gpu_fits else "DOES NOT FIT"))
+        pod, host = self.pod_host()
+        limit = "" if self.pod_limit is None else f" of {gib(self.pod_limit)} GiB (resources.worker.memory)"
+        verdict = "" if self.pod_limit is None else (": fits" if self.host_fits else ": DOES NOT FIT")
+        lines.append(f"  host memory of worker pod {pod} ({self.gpus_per_pod} GPUs): "
+                     + ", ".join(f"{what} {gib(n)}" for what, n in host.items())
+                     + f"; {gib(sum(host.values()))} GiB{limit}{verdict}")
         return "\n".join(lines + [f"  note: {note}" for note in self.notes])
 
 
@@ -205,8 +281,11 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
     """The job's memory on each GPU (bundle) of its placement; shapes: role -> Shape (Shape.from_config)."""
     total, training = gpu_bytes(gpu), spec.training
     online = bool(placement.ranks.get(ROLLOUT))
-    sequence = spec.data.max_prompt_tokens + spec.rollout.max_new_tokens if online else spec.data.max_tokens
-    sequence *= 2 if ALGORITHMS[spec.algorithm].dataset == "preference" else 1  # chosen and rejected together
+    preference = 2 if ALGORITHMS[spec.algorithm].dataset == "preference" else 1  # chosen and rejected together
+    sequence = (spec.data.max_prompt_tokens + spec.rollout.max_new_tokens if online else spec.data.max_tokens) * preference
+    # The logits of the response positions only (logits_to_keep); offline rows' responses may fill the row.
+    response = (spec.rollout.max_new_tokens + 1 if online else spec.data.max_tokens) * preference
+    hybrid = placement.engines_colocated
     gpus = [GPUPlan(i, [], 0.0) for i in range(placement.bundles)]
     for role, bundles in placement.ranks.items():
         if role == ROLLOUT:
@@ -216,46 +295,63 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
         ranks = len(bundles)
         split = lambda stage: ranks if training.zero_stage >= stage else 1  # noqa: E731
         held = {"weights": shape.params * dtype // split(3)}
+        host = {"process": HOST_PROCESS}
         trained = role in TRAINED_ROLES and model.lora is None
+        step = 0  # the optimizer step's own memory, once the activations are freed
         if trained:
             held["gradients"] = shape.params * dtype // split(2)
-            if not training.offload_optimizer:
+            if training.offload_optimizer:
+                host["optimizer (offloaded)"] = shape.params * 16 // split(1)
+            else:
                 held["optimizer"] = shape.params * (12 if training.bf16 and dtype == 2 else 8) // split(1)
+                step = shape.params * 4 // split(1) if dtype == 2 else 0
             held["deepspeed buffers"] = deepspeed_buffers(dtype, training.autocasts(model.dtype))
+        if ranks > 1:
+            held["NCCL peers"] = NCCL_PEERS
+        gathered = min(shape.params, ZERO3_LIVE_PARAMETERS) * dtype if training.zero_stage == 3 and ranks > 1 else 0
         extra = {}
         if online or role == "reference":  # rollouts are scored by every model; dpo's reference reads each batch
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size
-            extra["score"] = _activations(shape, batch * sequence, role, False, False)
+            # A reward model scores while the hybrid engine is still awake (trainer._scored, before it sleeps).
+            phase = "generate" if role == "reward" and hybrid else "score"
+            extra[phase] = gathered + _activations(shape, batch * sequence, batch * response, role, False, False)
         if role in TRAINED_ROLES:
-            extra["train"] = _activations(shape, training.micro_train_batch_size * sequence, role, True,
-                                          model.gradient_checkpointing)
+            micro = training.micro_train_batch_size
+            extra["train"] = max(step, gathered + _activations(shape, micro * sequence, micro * response, role, True,
+                                                               model.gradient_checkpointing))
         for rank, bundle in enumerate(bundles):
-            gpus[bundle].processes.append(Process(f"{role} rank {rank}", held, extra))
+            gpus[bundle].processes.append(Process(f"{role} rank {rank}", held, extra, host))
     kv_sequences = None
     if online:
-        share = spec.engine_memory_utilization
-        for bundle in placement.bundles_of(ROLLOUT):
-            gpus[bundle].engine_share = share
+        share, width = spec.engine_memory_utilization, placement.engine_width
         actor = shapes["actor"]
-        width = placement.engine_width
-        kv = share * total - actor.params * DTYPE_BYTES[spec.engine_dtype] / width - CUDA_CONTEXT
+        engine_weights = actor.params * DTYPE_BYTES[spec.engine_dtype] // width
+        for bundle in sorted(placement.bundles_of(ROLLOUT)):
+            gpus[bundle].engine_share = share
+            # asleep at level 1 (the hybrid engine, before the first rollout): its weights pinned on the host
+            host = {"process": HOST_PROCESS} | ({"vLLM weights asleep (pinned)": engine_weights} if hybrid else {})
+            gpus[bundle].processes.append(Process(ENGINE, {"NCCL peers": NCCL_PEERS} if width > 1 else {}, {}, host))
+        kv = share * total - engine_weights - CUDA_CONTEXT
         kv_sequences = max(0, int(kv * width // (actor.kv_bytes_per_token * sequence)))
     notes = []
-    if placement.engines_colocated:
+    if hybrid:
         notes.append("vLLM starts before the models load and must find its share free: the models' resident "
                      "memory and its share together must fit (the generate column)")
     if any(_model_spec(spec, role).lora is not None for role in placement.ranks if role in TRAINED_ROLES):
         notes.append("LoRA adapters' weights, gradients and optimizer state are not counted (megabytes)")
-    return MemoryPlan(gpu, total, gpus, kv_sequences, notes)
+    resources = spec.resources
+    return MemoryPlan(gpu, total, gpus, kv_sequences, notes, gpus_per_pod=max(resources.gpus_per_node, 1),
+                      shm=quantity_bytes(resources.shm_size), pod_limit=quantity_bytes(resources.worker_memory))
 
 
 def _model_spec(spec: RLHFJobSpec, role: str):
     return spec.models.source(role)[1]
 
 
-def _activations(shape: Shape, tokens: int, role: str, training: bool, checkpointing: bool) -> int:
-    """Bytes of one micro-batch's pass (see the module's docstring)."""
-    logits = tokens * shape.vocab * 4 * (3 if training else 2) if role in CAUSAL_LM_ROLES else 0  # value heads: none
+def _activations(shape: Shape, tokens: int, logit_tokens: int, role: str, training: bool, checkpointing: bool) -> int:
+    """Bytes of one micro-batch's pass (see the module's docstring): `tokens` through the layers, the logits of
+    `logit_tokens`."""
+    logits = logit_tokens * shape.vocab * LOGIT_BYTES[training] if role in CAUSAL_LM_ROLES else 0  # value heads: none
     layer = 34 * tokens * shape.hidden
     if not training:
         return logits + layer  # one layer's working set at a time
@@ -269,19 +365,25 @@ def shapes_of(spec: RLHFJobSpec, placement: Placement, config_of) -> dict[str, S
     return {role: Shape.from_config(config_of(role), value_head=role not in CAUSAL_LM_ROLES) for role in roles}
 
 
-def local_config(models_dir: Path | None, base_dir: Path, spec: RLHFJobSpec):
+def local_config(models_dir: Path | None, base_dir: Path, spec: RLHFJobSpec, fetch: bool = False):
     """config_of(role) for shapes_of: config.json from the model's directory (a local path), else from
-    models_dir/<hub id>/config.json (a directory laid out like the hub, such as manifests/examples/model-configs)."""
-    from .paths import model_path
+    models_dir/<hub id>/config.json (a directory laid out like the hub, such as manifests/examples/model-configs),
+    else, with fetch, the hub's config.json alone (at the model's revision, through the Hugging Face cache)."""
+    from .paths import is_hub_id, model_path
 
     def config_of(role: str) -> dict:
         model = _model_spec(spec, role)
-        candidates = [Path(model_path(spec.models, role, base_dir)) / "config.json"]
+        local = Path(model_path(spec.models, role, base_dir))
+        candidates = [local / "config.json"]
         if models_dir is not None:
             candidates.append(models_dir / model.path / "config.json")
         for candidate in candidates:
             if candidate.is_file():
                 return json.loads(candidate.read_text())
+        if fetch and is_hub_id(str(local)):
+            from huggingface_hub import hf_hub_download
+
+            return json.loads(Path(hf_hub_download(model.path, "config.json", revision=model.revision)).read_text())
         raise FileNotFoundError(f"no config.json for the {role}'s model {model.path} (looked at "
                                 f"{', '.join(map(str, candidates))}): pass --model-configs DIR holding "
                                 f"{model.path}/config.json")
@@ -290,19 +392,29 @@ def local_config(models_dir: Path | None, base_dir: Path, spec: RLHFJobSpec):
 
 
 def refuse_unless_fits(plan: MemoryPlan) -> None:
-    """InvalidJob with the plan's numbers and what to change, when a phase of a GPU does not fit."""
+    """InvalidJob with the plan's numbers and what to change, when a phase of a GPU, or a worker pod's host
+    memory, does not fit."""
     if plan.fits:
         return
     gpu, phase, used = plan.peak()
+    errors = []
     if plan.kv_sequences == 0:
-        problem = ("vLLM's share of each GPU (rollout.gpuMemoryUtilization) leaves no room for one full-length "
-                   "sequence's KV cache after the actor's weights: raise it, or rollout.tensorParallelSize")
-    else:
-        problem = (f"GPU {gpu.index} would hold {used / GIB:.1f} GiB of {plan.total / GIB:.1f} GiB while the job "
-                   f"{'samples' if phase == 'generate' else 'scores' if phase == 'score' else 'trains'}. To fit: "
-                   "zeroStage 3, offloadOptimizer, gradientCheckpointing, smaller micro-batches, a lower "
-                   "rollout.gpuMemoryUtilization, or more GPUs")
-    raise InvalidJob([FieldError("spec.resources", f"the job does not fit {plan.gpu}: {problem}.\n{plan.render()}")])
+        errors.append(("spec.resources", "vLLM's share of each GPU (rollout.gpuMemoryUtilization) leaves no room for "
+                       "one full-length sequence's KV cache after the actor's weights: raise it, or "
+                       "rollout.tensorParallelSize"))
+    elif used > plan.total:
+        errors.append(("spec.resources", f"GPU {gpu.index} would hold {used / GIB:.1f} GiB of {plan.total / GIB:.1f} "
+                       f"GiB while the job {'samples' if phase == 'generate' else 'scores' if phase == 'score' else 'trains'}. "
+                       "To fit: zeroStage 3, offloadOptimizer, gradientCheckpointing, smaller micro-batches, a lower "
+                       "rollout.gpuMemoryUtilization, or more GPUs"))
+    if not plan.host_fits:
+        pod, host = plan.pod_host()
+        needed = sum(host.values())
+        errors.append(("spec.resources.worker.memory", f"worker pod {pod} would hold {needed / GIB:.1f} GiB of host "
+                       f"memory (its GPUs' processes and /dev/shm) in a limit of {plan.pod_limit / GIB:.1f} GiB: set "
+                       f"resources.worker.memory to {-(-needed // GIB)}Gi or more, or a smaller resources.shmSize"))
+    raise InvalidJob([FieldError(path, f"the job does not fit {plan.gpu}: {problem}.\n{plan.render()}")
+                      for path, problem in errors])
 
 
 def plan_job(spec: RLHFJobSpec, gpu: str, config_of) -> MemoryPlan:

@@ -174,7 +174,7 @@ class Trainer(RunLoop):
             self.runner = start_runner(self.spec.environment, self.base_dir, self.actor_path, self.engines,
                                        self.rollout.max_new_tokens, revision=self.spec.models.actor.revision)
         ray.get(setups)
-        self._engines_wake(None)
+        self._release_and_wake(None)  # the blocks the load left cached, back before vLLM takes its share
         self.weight_sync = setup_weight_sync(self.actor, self.engines, placement,
                                              bucket_bytes=self.rollout.weight_sync_bucket_mib << 20)
 
@@ -300,11 +300,15 @@ class Trainer(RunLoop):
         """The actor's new weights to the engines. The hybrid engine wakes in the memory plan's order: the
         models' cached blocks handed back, vLLM's weights allocated and synced, then its KV cache (woken
         first, the cache would claim its share of a GPU still holding the passes' blocks)."""
-        if self._hybrid:
-            ray.get([ref for group in self.groups.values() for ref in group.call("release_memory")])
-            self._engines_wake(["weights"])
+        self._release_and_wake(["weights"])
         self._sync_weights(version)
         self._engines_wake(["kv_cache"])
+
+    def _release_and_wake(self, tags: list[str] | None) -> None:
+        """The hybrid engine wakes (`tags`: what of it) once every model has handed its cached blocks back."""
+        if self._hybrid:
+            ray.get([ref for group in self.groups.values() for ref in group.call("release_memory")])
+            self._engines_wake(tags)
 
     @property
     def changed_frozen_groups(self) -> dict[str, ModelGroup]:

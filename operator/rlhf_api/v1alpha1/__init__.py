@@ -15,7 +15,7 @@ from .shaping import DynamicSamplingSpec, LengthShapingSpec
 from .environment import EnvironmentClass, EnvironmentHTTP, EnvironmentSpec
 from .evaluation import EvalDataset, EvaluationSpec
 from .training import DistillationSpec, KLSpec, PreferenceSpec, RejectionSamplingSpec, RolloutSpec, TrainingSpec
-from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec
+from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, ResourcesSpec, RoleGPUs, TopologySpec, WorkerResources
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
 from .job import (OBJECT_RULES, Algorithm, AttemptUsage, CheckpointStatus, Condition, JobInput, KeepFailedCluster,
                   KeptCluster, Metrics, OutputModel, Phase, PodUsage, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus,
@@ -67,6 +67,7 @@ __all__ = [
     "CheckpointSpec",
     "EnvVar",
     "PodResources",
+    "WorkerResources",
     "RDMASpec",
     "ResourcesSpec",
     "RoleGPUs",

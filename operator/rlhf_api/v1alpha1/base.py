@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WithJsonSchema, field_validator
@@ -15,6 +16,16 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 
 Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi)?$", max_length=32)]
+_QUANTITY_SUFFIXES = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                      "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Quantity (the pattern above) as a number: 16Gi -> 17179869184."""
+    number, suffix = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
+    return int(float(number) * _QUANTITY_SUFFIXES[suffix])
+
+
 # Kubernetes objects we pass through untouched (tolerations, affinity, envFrom entries...).
 Passthrough = Annotated[
     dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})

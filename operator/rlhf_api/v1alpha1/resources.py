@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ..contract import POD_INTERFACE
-from .base import APIModel, ObjectName, Passthrough, Quantity, cel, section
+from .base import APIModel, ObjectName, Passthrough, Quantity, cel, quantity_bytes, section
 
 
 
@@ -44,6 +44,8 @@ class RDMASpec(APIModel):
     """NCCL_IB_GID_INDEX (RoCE: usually 3)."""
     nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = "WARN"
     """NCCL_DEBUG level."""
+    require_locked_memory: bool = False
+    """Fail the job (reason NodeUnusable) when a GPU rank may not lock memory without limit, instead of warning in its log: NCCL registers its buffers with the adapters by locking them, which can fail mid-run under a limit. A stock containerd or CRI-O sets one; LimitMEMLOCK=infinity in its systemd unit lifts it."""
 
 
 class PodResources(APIModel):
@@ -53,6 +55,21 @@ class PodResources(APIModel):
     """CPU request and limit."""
     memory: Quantity = "32Gi"
     """Memory request and limit."""
+
+
+# A GPU worker pod's memory when resources.worker.memory is unset, per GPU on top of its /dev/shm: what the memory
+# plan's host column (rlhf_trainer/memory_plan.py) gives each GPU of the GPU examples, with room: the processes on
+# the GPU (a rank of each colocated model and a vLLM worker, ~3 GiB each with CUDA's host libraries) and vLLM's
+# pinned copy of its weights while it sleeps (an 8B model at tensor-parallel 2: ~7.5 GiB). A test holds every GPU
+# example's plan to it.
+WORKER_MEMORY_PER_GPU = "32Gi"
+
+
+class WorkerResources(PodResources):
+    """CPU and memory of each Ray worker pod."""
+
+    memory: Quantity | None = None
+    """Memory request and limit; unset: resources.shmSize plus 32Gi per GPU (what the memory plan's host column needs for the GPU examples: `rlhf validate --gpu` prints it), 32Gi on CPU workers. /dev/shm is memory-backed and counts against this limit."""
 
 
 class HeadResources(PodResources):
@@ -119,8 +136,8 @@ class ResourcesSpec(APIModel):
     """Per-role GPU counts."""
     head: HeadResources = section(HeadResources)
     """Ray head pod (runs the trainer driver, no GPUs)."""
-    worker: PodResources = section(PodResources)
-    """Each GPU worker pod."""
+    worker: WorkerResources = section(WorkerResources)
+    """Each worker pod."""
     shm_size: Quantity = "16Gi"
     """Size of the memory-backed /dev/shm as a quantity such as 16Gi (NCCL and vLLM need more than the 64Mi default)."""
     rdma: RDMASpec | None = None
@@ -139,6 +156,16 @@ class ResourcesSpec(APIModel):
     """PriorityClass of the pods."""
     topology: TopologySpec | None = None
     """Place the GPU workers within one topology domain (Kueue's Topology-Aware Scheduling; needs spec.queueName)."""
+
+    @property
+    def worker_memory(self) -> str:
+        """The worker pods' memory: worker.memory, else shmSize plus WORKER_MEMORY_PER_GPU per GPU (32Gi on CPU)."""
+        if self.worker.memory is not None:
+            return self.worker.memory
+        if self.gpus_per_node == 0:
+            return WORKER_MEMORY_PER_GPU
+        total = quantity_bytes(self.shm_size) + self.gpus_per_node * quantity_bytes(WORKER_MEMORY_PER_GPU)
+        return f"{-(-total // 2**30)}Gi"
 
 
 # ------------------------------------------------------------------------------------- checkpoint

@@ -4,8 +4,11 @@ The engine and the model groups take turns, each in its own process. glibc keeps
 (an update's activations, a rollout's logits, a scoring pass's micro-batches) in its heap for reuse, so
 every process stays at its own high-water mark while the others work, and the node's memory peaks at
 their sum. malloc_trim returns the free pages; the next phase faults them in again, which costs more
-than it saves when little was freed (the tiny example's steps: 5% slower), hence the threshold. The CPU
-analogue of torch.cuda.empty_cache, which the hybrid engine calls before vLLM wakes on a GPU.
+than it saves when little was freed (the tiny example's steps: 5% slower), hence the threshold.
+
+On a GPU the same holds for torch's caching allocator: the processes of colocated groups take turns on it and
+the memory plan charges only the largest pass, so each hands its cached blocks back when its pass ends
+(`release_after_pass`), not only before vLLM wakes.
 """
 
 from __future__ import annotations
@@ -44,3 +47,13 @@ def release_free_memory() -> None:
     """Free heap pages back to the OS when more than TRIM_ABOVE bytes are free."""
     if free_heap_bytes() > TRIM_ABOVE:
         _glibc().malloc_trim(0)
+
+
+def release_after_pass() -> None:
+    """What a pass (scoring, an update) freed, handed back before the next process's turn: the caching
+    allocator's blocks on a GPU, and the heap's free pages."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    release_free_memory()

@@ -33,7 +33,7 @@ from ..rewards.process import read_texts, score_reads
 from . import weights
 from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
-from .host_memory import release_free_memory
+from .host_memory import release_after_pass
 from .objectives import OFFLINE_STEPS, mean_over_micro_batches, policy_step, value_step
 from .packing import longest_first
 from .threads import share_the_cores
@@ -105,7 +105,7 @@ class ModelWorker:
         given_order = order.argsort()
         joined = tuple(torch.cat(parts)[given_order] for parts in zip(*outputs))
         del outputs
-        release_free_memory()  # the micro-batches' logits, while the actor trains
+        release_after_pass()  # the micro-batches' logits, before the next colocated model's turn
         return joined if len(joined) > 1 else joined[0]
 
     @torch.no_grad()
@@ -116,8 +116,10 @@ class ModelWorker:
         model = self.model
         reads = read_texts(model.tokenizer, prompts, completions, steps,
                            model.engine.module.classifier.config.max_position_embeddings)
-        return score_reads(lambda ids, mask: model.engine(ids.to(model.device), mask.to(model.device)).cpu(), reads,
-                           model.tokenizer.pad_token_id, model.cfg.training.micro_rollout_batch_size, steps)
+        rewards = score_reads(lambda ids, mask: model.engine(ids.to(model.device), mask.to(model.device)).cpu(), reads,
+                              model.tokenizer.pad_token_id, model.cfg.training.micro_rollout_batch_size, steps)
+        release_after_pass()
+        return rewards
 
     # -- training --------------------------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class ModelWorker:
         actor = self.model.cfg.role == "actor"
         metrics = mean_over_micro_batches(self.model, policy_step if actor else value_step, micro_batches)
         metrics["learning_rate" if actor else "critic_learning_rate"] = self.model.learning_rate
-        release_free_memory()  # the activations, while the engine generates
+        release_after_pass()  # the activations, before the next colocated model's turn
         return metrics | self._grad_norm()
 
     def train_offline(self, micro_batches: list[OfflineBatch], objective: str, options: dict) -> dict[str, float]:
@@ -134,7 +136,7 @@ class ModelWorker:
         OFFLINE_STEPS[objective] (offline.Objective.step) and the objective's options."""
         metrics = mean_over_micro_batches(self.model, OFFLINE_STEPS[objective], micro_batches, **options)
         metrics["learning_rate"] = self.model.learning_rate
-        release_free_memory()
+        release_after_pass()
         return metrics | self._grad_norm()
 
     def _grad_norm(self) -> dict[str, float]:
@@ -145,10 +147,9 @@ class ModelWorker:
     # -- weights out (collective: every rank is called) -------------------------------------------
 
     def release_memory(self) -> None:
-        """What the passes left in the caching allocator back to the GPU, for the engines that wake on it
-        (the hybrid engine); nothing on CPU."""
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        """What the passes and the load left in the caching allocator back to the GPU, for the engines that wake
+        on it (the hybrid engine)."""
+        release_after_pass()
 
     def checksums(self) -> dict[str, float]:
         return weights.checksums(self.model)
