@@ -45,3 +45,41 @@ def test_the_sources_are_copied_after_the_dependency_layer(dockerfile: Path):
     before = [path for step in steps[:install] if step.startswith("COPY ") for path in step.split()[1:-1]]
     assert sorted(before) == ["pyproject.toml", "requirements/"]
     assert any(step.startswith("RUN pip install --no-deps") for step in steps[install:])
+
+
+# What a package named in a RUN step brings that a C build needs (Debian bookworm): g++ depends on gcc and,
+# through libstdc++-12-dev, on libc6-dev (stdio.h and the other C headers Triton's launcher includes).
+BRINGS = {"g++": {"g++", "gcc", "libc6-dev"}}
+
+
+def apt_packages(dockerfile: Path, device: str) -> set[str]:
+    """The Debian packages the Dockerfile's RUN steps leave installed beyond the base for a DEVICE build
+    argument: each step run by bash as written, its shell conditions evaluated, with apt-get recorded and
+    every other command found on no PATH (a no-op)."""
+    stub = "apt-get() { echo \"$*\"; }\ncommand_not_found_handle() { return 0; }\n"
+    steps = [re.sub(r"^RUN (--\S+ )*", "", step) for step in images.instructions(dockerfile)
+             if step.startswith("RUN ") and "apt-get" in step]
+    calls = subprocess.run([shutil.which("bash"), "-ec", stub + "\n".join(steps)], env={"DEVICE": device, "PATH": "/none"},
+                           capture_output=True, text=True, check=True).stdout
+    installed = set()
+    for command, *words in (line.split() for line in calls.splitlines()):
+        named = {word for word in words if not word.startswith("-")}
+        brought = {package for name in named for package in BRINGS.get(name, {name})}
+        if command == "install":
+            installed |= brought
+        elif command == "purge":
+            installed -= brought if "--auto-remove" in words else named
+    return installed
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_only_the_cuda_trainer_image_keeps_a_c_compiler(device):
+    """Triton builds its CUDA launcher with gcc (or $CC) against Python.h the first time a kernel runs, and vLLM
+    runs Triton kernels every step: without a compiler the CUDA image fails at its first rollout ("Failed to
+    find C compiler"). The CPU image keeps none (e2e/test_images.py checks the built one). Python.h comes from
+    the base: the official image's /usr/local/include, the e2e stand-in's libpython3.11-dev."""
+    left = apt_packages(ROOT / "trainer_image" / "Dockerfile", device)
+    if device == "cuda":
+        assert {"gcc", "libc6-dev"} <= left and "libpython3.11-dev" in images.base_packages(), left
+    else:
+        assert not left & {"gcc", "g++", "clang", "libc6-dev"}, left
