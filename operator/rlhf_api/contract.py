@@ -25,8 +25,10 @@ TRAINER_UID = 1000
 # The pod network's interface in every CNI's pods: the GPU workers' NCCL and Gloo sockets use it.
 POD_INTERFACE = "eth0"
 # Set on GPU workers of a job with resources.rdma (the adapters NCCL uses); the ranks then check that
-# they may lock the memory NCCL registers with those adapters (rlhf_trainer.workers.distributed).
+# they may lock the memory NCCL registers with those adapters (rlhf_trainer.node_checks), and warn if not...
 RDMA_ADAPTERS_ENV = "NCCL_IB_HCA"
+# ... unless this is "true" (resources.rdma.requireLockedMemory): then they fail (NODE_UNUSABLE).
+REQUIRE_LOCKED_MEMORY_ENV = "RLHF_REQUIRE_LOCKED_MEMORY"
 
 # Who the job is: the trainer patches this RLHFJob's status.
 # The one condition of status.conditions the trainer writes (rlhf_trainer/learning_signal.py); the chart's
@@ -62,6 +64,9 @@ DRIVER_PID_FILE = "/tmp/rlhf-driver.pid"
 # operator finds it in the log tail KubeRay quotes (Ray's job supervisor keeps the last 10 lines, so
 # the trainer prints it after its teardown) and makes it the job's failure message.
 RUN_FAILED = "the run failed: "
+# A failure whose <Error> is one of these is the job's status reason (KubeRay's is AppFailed for any).
+NODE_UNUSABLE = "NodeUnusable"  # a GPU rank's node cannot run it (rlhf_trainer.node_checks.NodeUnusable)
+FAILURE_REASONS = (NODE_UNUSABLE,)
 
 
 def reward_token_env(source_name: str) -> str:

@@ -102,8 +102,16 @@ PASSED_ON: dict[str, str] = {
     "AppFailed, DeadlineExceeded, SubmissionFailed, ...": "KubeRay, when the Ray job failed",
 }
 
-# The reasons of the one condition the trainer writes (contract.TRAINER_CONDITION, rlhf_trainer/learning_signal.py).
+# The trainer's reasons: of the one condition it writes (contract.TRAINER_CONDITION, rlhf_trainer/learning_signal.py),
+# and the failures the operator makes the job's reason (contract.FAILURE_REASONS).
 FROM_THE_TRAINER: dict[str, tuple[str, str, str]] = {
+    contract.NODE_UNUSABLE: (
+        "Failed", "a GPU rank found at its start, before any model loaded, that its node cannot run it: the NVIDIA "
+        "driver is older than the trainer image's CUDA needs (CUDA 13: R580 or newer), the pod sees no GPU, or "
+        "(with resources.rdma.requireLockedMemory) it may not lock memory without limit",
+        "fix the node as the message says (upgrade the driver, install NVIDIA's device plugin and container "
+        "toolkit, LimitMEMLOCK=infinity for the container runtime) or keep the job off it (resources.gpuProduct, "
+        "resources.nodeSelector), then re-create the job"),
     contract.NO_LEARNING_SIGNAL: (
         f"condition {contract.TRAINER_CONDITION} True", "for several steps in a row every group of samples scored "
         "alike, so every advantage is zero and the policy does not change (the message has the reward statistics)",

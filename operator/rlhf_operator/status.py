@@ -25,7 +25,8 @@ The trainer's fields (progress, metrics, lastCheckpoint) are never part of any o
 | Retrying                         | any             | Provisioning | Retrying                      |
 
 A failed run's message is the trainer's failure line (contract.RUN_FAILED) when the log tail KubeRay
-quotes has one, else KubeRay's message; Events are cut to the API's 1,024 bytes.
+quotes has one, else KubeRay's message, and its reason the failure's type where the contract declares
+that a reason (contract.FAILURE_REASONS: NodeUnusable); Events are cut to the API's 1,024 bytes.
 While KubeRay retries (status.failed > 0) every message says which attempt of how many it is; the
 failed attempt itself (Retrying) is a Warning with the trainer's failure line.
 While the Ray cluster starts, what its pods are waiting for (unschedulable, image pull...) is the
@@ -124,6 +125,12 @@ def _trainer_failure(kuberay_message: str) -> str:
     return said[-1].split(contract.RUN_FAILED, 1)[1].strip() if said else ""
 
 
+def _trainer_reason(said: str) -> str | None:
+    """The failure's type when the contract declares it a reason (NodeUnusable: what to fix is the node's)."""
+    kind = said.split(":", 1)[0]
+    return kind if kind in contract.FAILURE_REASONS else None
+
+
 def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) -> tuple[str, str, str]:
     name = ray_job["metadata"]["name"]
     status = ray_job.get("status") or {}
@@ -142,7 +149,7 @@ def _verdict(ray_job: dict[str, Any], *, suspend: bool, queue_name: str | None) 
         detail = (f"{said} (the log tail: kubectl get rayjob {name} -o jsonpath='{{.status.message}}')" if said
                   else kuberay_message or
                   f"KubeRay marked RayJob {name} {deployment} (Ray job status {job_status or 'unknown'})")
-        return "Failed", kuberay_reason or "RayJobFailed", f"Training failed: {detail}"
+        return "Failed", _trainer_reason(said) or kuberay_reason or "RayJobFailed", f"Training failed: {detail}"
     if deployment == "ValidationFailed":
         return "Failed", "RayJobInvalid", f"KubeRay rejected RayJob {name}: {kuberay_message}"
 

@@ -81,6 +81,20 @@ def test_a_failed_run_is_summed_up_by_the_trainers_failure_line():
     assert unknown.message == f"Training failed: {bars}"  # the status keeps all of it
 
 
+@pytest.mark.parametrize("deployment", ["Failed", "Complete"])
+def test_a_node_the_trainer_found_unusable_is_the_failure_s_reason(deployment):
+    # KubeRay says AppFailed for any failure; the trainer's NodeUnusable says the fix is the node's.
+    said = (f"/etc/rlhf/job.yaml: {contract.RUN_FAILED}{contract.NODE_UNUSABLE}: this node's NVIDIA driver runs "
+            "CUDA up to 12.8, and the trainer image's torch is built for CUDA 13.0, which needs driver R580 or newer")
+    observed = status.observe(ray_job(deployment, "FAILED", reason="AppFailed", message=f"exit code 1\n{said}"),
+                              suspend=False, queue_name=None)
+    assert (observed.phase, observed.reason) == ("Failed", "NodeUnusable")
+    assert observed.message.startswith("Training failed: NodeUnusable: this node's NVIDIA driver runs CUDA up to 12.8")
+    other = said.replace(contract.NODE_UNUSABLE, "RewardError")  # a type the contract does not declare a reason
+    assert status.observe(ray_job(deployment, "FAILED", reason="AppFailed", message=other),
+                          suspend=False, queue_name=None).reason == "AppFailed"
+
+
 def test_queued_job_waits_for_kueue():
     observed = status.observe(ray_job("Suspended", suspend=True), suspend=False, queue_name="team-a")
     assert (observed.phase, observed.reason) == ("Suspended", "Queued")

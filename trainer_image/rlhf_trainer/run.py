@@ -172,8 +172,7 @@ def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | P
             reporter.finish("interrupted", str(interrupted))
     except Exception as error:  # noqa: BLE001 - whatever broke, say what and exit non-zero
         traceback.print_exc()
-        first_line = next(iter(str(error).strip().splitlines()), "")  # Ray's errors run to pages
-        message = f"{type(error).__name__}: {first_line}{_resume_hint(trainer)}"
+        message = f"{failure(error)}{_resume_hint(trainer)}"
         exit_code, said = EXIT_FAILED, f"{contract.RUN_FAILED}{message}"
         if trainer is not None:  # the reporters were started
             reporter.finish("failed", message)
@@ -191,6 +190,18 @@ def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | P
         return exit_code
     reporter.finish("succeeded", f"{trainer.step} steps; outputs in {output_dir}")
     return EXIT_OK
+
+
+def failure(error: Exception) -> str:
+    """What broke, as "<Error>: <its first line>": what an actor or task raised rather than Ray's wrapper
+    (RayTaskError(<Error>), whose message is a traceback), so that its type can be the job's status reason
+    (contract.FAILURE_REASONS)."""
+    from ray.exceptions import RayTaskError
+
+    while isinstance(error, RayTaskError) and error.cause is not None:
+        error = error.cause
+    first_line = next(iter(str(error).strip().splitlines()), "")  # Ray's errors run to pages
+    return f"{type(error).__name__}: {first_line}"
 
 
 START_ATTEMPTS = 3

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+from ..node_checks import check_gpu, check_locked_memory
+
 # A rank that died leaves the others blocked in a collective; fail after this instead of
 # DeepSpeed's default of half an hour.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -20,27 +22,8 @@ def backend(use_gpu: bool) -> str:
     return "nccl" if use_gpu else "gloo"
 
 
-class LockedMemoryLimit(RuntimeError):
-    """NCCL over RDMA would fail to register its buffers (ibv_reg_mr) later, mid-collective."""
-
-
-def require_locked_memory() -> None:
-    """With RDMA (contract.RDMA_ADAPTERS_ENV set by the operator), NCCL pins the buffers it registers
-    with the adapters: a process must be allowed to lock memory without limit. It runs as uid 1000
-    without capabilities (IPC_LOCK would not reach it), so the limit is the container runtime's."""
-    import resource
-
-    from rlhf_api import contract
-
-    if not os.environ.get(contract.RDMA_ADAPTERS_ENV):
-        return
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    if soft != resource.RLIM_INFINITY:
-        raise LockedMemoryLimit(
-            f"resources.rdma is set but this pod may lock only {soft} bytes of memory (RLIMIT_MEMLOCK), and NCCL "
-            "registers its buffers with the RDMA adapters by locking them: give the GPU nodes' container runtime "
-            "an unlimited memlock limit (containerd or CRI-O: LimitMEMLOCK=infinity in its systemd unit), or "
-            "drop resources.rdma to run NCCL over the pod network")
+# The weight sync's name for it (weight_sync.py): its NCCL group registers buffers with the adapters too.
+require_locked_memory = check_locked_memory
 
 
 def node_address() -> str:
@@ -73,8 +56,9 @@ def init_distributed(rank: int, world_size: int, store, *, use_gpu: bool) -> Non
     # DeepSpeed reads who this process is from the environment; the rendezvous is the store's.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
     options = {}
-    if use_gpu:
-        require_locked_memory()
+    if use_gpu:  # before NCCL and any model: a node that cannot run the rank says so (NodeUnusable)
+        check_gpu()
+        check_locked_memory()
         torch.cuda.set_device(0)  # Ray gives each rank its own GPU as cuda:0
         if world_size > 1:  # bound to its device as DeepSpeed binds the groups it creates itself
             options["device_id"] = torch.device("cuda", 0)
