@@ -66,7 +66,8 @@ DRIVER_PID_FILE = "/tmp/rlhf-driver.pid"
 RUN_FAILED = "the run failed: "
 # A failure whose <Error> is one of these is the job's status reason (KubeRay's is AppFailed for any).
 NODE_UNUSABLE = "NodeUnusable"  # a GPU rank's node cannot run it (rlhf_trainer.node_checks.NodeUnusable)
-FAILURE_REASONS = (NODE_UNUSABLE,)
+WRONG_IMAGE_DEVICE = "WrongImageDevice"  # the image's vLLM is built for another device (node_checks)
+FAILURE_REASONS = (NODE_UNUSABLE, WRONG_IMAGE_DEVICE)
 
 
 def reward_token_env(source_name: str) -> str:

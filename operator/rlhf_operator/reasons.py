@@ -112,6 +112,10 @@ FROM_THE_TRAINER: dict[str, tuple[str, str, str]] = {
         "fix the node as the message says (upgrade the driver, install NVIDIA's device plugin and container "
         "toolkit, LimitMEMLOCK=infinity for the container runtime) or keep the job off it (resources.gpuProduct, "
         "resources.nodeSelector), then re-create the job"),
+    contract.WRONG_IMAGE_DEVICE: (
+        "Failed", "the driver found at its start that the trainer image's vLLM is the CPU build and the job asks for "
+        "GPUs (resources.gpusPerNode > 0)", "use the CUDA trainer image: drop resources.image to let the operator "
+        "pick the -cuda tag, or name one, then re-create the job"),
     contract.NO_LEARNING_SIGNAL: (
         f"condition {contract.TRAINER_CONDITION} True", "for several steps in a row every group of samples scored "
         "alike, so every advantage is zero and the policy does not change (the message has the reward statistics)",

