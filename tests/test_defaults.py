@@ -93,7 +93,7 @@ def test_empty_sections_take_the_model_defaults_on_both_sides():
     server = server_defaults(spec, spec_schema())
     assert server == model_defaults(manifest)
     assert server["resources"]["head"] == {"cpu": "4", "memory": "16Gi"}
-    assert server["resources"]["worker"] == {"cpu": "8", "memory": "32Gi"}
+    assert server["resources"]["worker"] == {"cpu": "8"}  # memory unset: derived from shmSize and the GPUs
     assert server["models"]["actor"]["lora"]["targetModules"] == ["all-linear"]
 
 
