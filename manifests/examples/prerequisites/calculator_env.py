@@ -3,7 +3,8 @@
 Each turn the model either calls the tool, <calc>12 * (3 + 4)</calc>, and the environment answers with
 <result>84</result> in a user turn of the Qwen chat template; or it answers, "#### 84", which ends the
 episode with reward 1 when the number equals the label's (GSM8K's answers end with "#### <number>").
-A turn with neither is told the format. Build it into the trainer image (or serve it over HTTP).
+A turn with neither is told the format. The job mounts it from the ConfigMap tool-use-calculator, which
+kustomization.yaml beside it makes; an image of your own may carry it instead, or serve it over HTTP.
 """
 
 import ast
