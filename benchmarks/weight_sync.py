@@ -29,11 +29,12 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import OFFLINE_ENV, git_commit  # noqa: E402
 
+from rlhf_api.planning.placement import Placement  # noqa: E402
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec  # noqa: E402
 from rlhf_trainer.tiny import SHAPES, build_tiny_model  # noqa: E402
 from rlhf_trainer.workers import weight_sync  # noqa: E402
 from rlhf_trainer.workers.engine import ModelConfig  # noqa: E402
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines  # noqa: E402
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, create_rollout_engines  # noqa: E402
 
 PLACEMENTS = {"separate": ({"actor": [0, 1], "rollout": [2]}, 3), "colocated": ({"actor": [0, 1], "rollout": [0]}, 2)}
 

@@ -58,7 +58,7 @@ def test_the_cluster_example_applied_with_kubectl_trains_to_succeeded(dev_cluste
     try:
         wait_for(lambda: phase() in ("Succeeded", "Failed"), 1200, f"job {name} to end")
     finally:
-        logs = subprocess.run([sys.executable, "-m", "rlhf_operator.cli", "logs", name], env=cp.env(),
+        logs = subprocess.run([sys.executable, "-m", "rlhf_cli.cli", "logs", name], env=cp.env(),
                               capture_output=True, text=True, timeout=120)
         print(logs.stdout[-3000:], logs.stderr[-2000:])
     assert phase() == "Succeeded"

@@ -12,7 +12,7 @@ from e2e.fixtures import example_jobs
 from rlhf_api import crd, defaults_policy
 from rlhf_api.algorithms import ALGORITHMS, CATALOGUE
 from rlhf_api.validation import InvalidJob, validate
-from rlhf_operator.cli import main
+from rlhf_cli.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = example_jobs()

@@ -22,7 +22,8 @@ import yaml
 
 from rlhf_api import reference
 from rlhf_api.validation import validate
-from rlhf_operator import cli, reasons, status
+from rlhf_cli import cli
+from rlhf_operator import reasons, status
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

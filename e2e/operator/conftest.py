@@ -56,7 +56,7 @@ class OperatorProcess:
             self.metrics_port, self.health_port = free_ports(2)
             with open(self.log, "wb") as out:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "rlhf_operator.cli", "operator",
+                    [sys.executable, "-m", "rlhf_cli.cli", "operator",
                      *(["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]),
                      "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                      *(["--verbose"] if self.verbose else []), *args],

@@ -153,7 +153,7 @@ def test_a_head_and_two_worker_pods_train_through_kuberays_own_submission(
     assert len(set().union(*ips.values())) == 4  # each pod its own IP
     assert all(pod.spec.node_name == pod_runtime.node for pods in seen.values() for pod in pods)
     # `rlhf logs -f`, as a user follows the run: pods/log through the API server to this node's kubelet.
-    follower = subprocess.Popen([sys.executable, "-m", "rlhf_operator.cli", "logs", "multipod", "-n", namespace, "-f"],
+    follower = subprocess.Popen([sys.executable, "-m", "rlhf_cli.cli", "logs", "multipod", "-n", namespace, "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=control_plane.env(dict(os.environ)))
 
@@ -226,7 +226,7 @@ def run_locally(core, namespace: str, rayjob: dict, root: Path) -> list[dict]:
     volumes, container = make_volumes(core, namespace, head, root), head["containers"][0]
     make_sub_paths(container, volumes)
     script = bind_script(container_mounts(container, volumes, token=None), memory_tmpfs(volumes))
-    command = shlex.join([sys.executable, "-m", "rlhf_operator.cli", "run", contract.JOB_CONFIG_PATH])
+    command = shlex.join([sys.executable, "-m", "rlhf_cli.cli", "run", contract.JOB_CONFIG_PATH])
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", f"set -e\n{script}exec {command}"],
                           env={**os.environ, "RAY_AUTH_MODE": "disabled"}, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -21,7 +21,7 @@ CPU_NODE = "kwok-cpu-0"
 
 
 def rlhf(control_plane, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlhf_operator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rlhf_cli.cli", *args], capture_output=True, text=True,
                           cwd=REPO, env=control_plane.env(dict(os.environ)), timeout=120)
 
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Dataset = Literal["prompts", "preferences", "sft"]
+# What the model of each role is: a causal LM (its token log-probs are read), or else the same network with a
+# one-label value head (critic, rm, reward); and the roles whose weights a run updates.
+CAUSAL_LM_ROLES = ("actor", "reference", "teacher")
+TRAINED_ROLES = ("actor", "critic", "rm")
 
 # The spec.training fields whose default depends on the algorithm, with the value an algorithm that
 # declares none gets. They have no constant CRD default: the API server fills them per algorithm.

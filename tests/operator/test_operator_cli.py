@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlhf_operator import metrics, settings
-from rlhf_operator.cli import operator_options, parser
+from rlhf_cli.cli import operator_options, parser
 from rlhf_operator.leader import Timing
 
 
@@ -134,6 +134,6 @@ def test_rlhf_run_needs_none_of_the_operator_s_dependencies():
     job died at `rlhf run`'s start importing kopf (the CLI's parser imported the leader election's
     defaults, and with them kopf's settings)."""
     code = ("import sys; sys.modules['kopf'] = None  # as if not installed\n"
-            "from rlhf_operator import cli; print(cli.parser().parse_args(['run', 'job.yaml']).command)")
+            "from rlhf_cli import cli; print(cli.parser().parse_args(['run', 'job.yaml']).command)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "run\n", result.stderr[-2000:]

@@ -32,7 +32,7 @@ def newest(checkpoints: Path) -> int | None:
 
 def start(job: Path, out: Path, log: Path, **env: str) -> subprocess.Popen:
     # Its own session: its Ray processes are found by session id and all killed at the end.
-    return subprocess.Popen([sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
+    return subprocess.Popen([sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)],
                             env={**os.environ, "RAY_AUTH_MODE": "disabled", **env}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 

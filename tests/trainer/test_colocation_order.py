@@ -13,10 +13,11 @@ import pytest
 import torch
 import yaml
 
+from rlhf_api.planning.placement import ROLLOUT, plan_placement
 from rlhf_api.validation import validate
 from rlhf_trainer import trainer as trainer_module
 from rlhf_trainer.trainer import Trainer
-from rlhf_trainer.workers.group import ROLLOUT, plan_placement, trained_rank_env
+from rlhf_trainer.workers.group import trained_rank_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 

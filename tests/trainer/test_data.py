@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from rlhf_api.paths import local_path, resolve
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 from rlhf_trainer.data import PromptDataset, PromptLoader, mix
 from rlhf_trainer.offline_data import OfflineDataset
-from rlhf_trainer.paths import local_path, resolve
 from rlhf_trainer.tiny import build_tokenizer
 
 RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "extra": i} for i in range(20)]

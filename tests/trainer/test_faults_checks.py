@@ -10,10 +10,10 @@ import pytest
 import ray
 import yaml
 
+from rlhf_api.planning.placement import plan_placement
 from rlhf_api.validation import InvalidJob, validate
-from rlhf_operator.cli import main
+from rlhf_cli.cli import main
 from rlhf_trainer.checks import check, check_cluster
-from rlhf_trainer.workers.group import plan_placement
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -24,10 +24,11 @@ import torch
 from ray.util.placement_group import remove_placement_group
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 from rlhf_trainer.tiny import build_tokenizer
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
+from rlhf_api.planning.memory import local_config, plan_job
 from rlhf_api.validation import validate
 from rlhf_trainer import trainer as trainer_module
-from rlhf_trainer.memory_plan import local_config, plan_job
 from rlhf_trainer.trainer import Trainer
 from rlhf_trainer.workers import model_worker
 from rlhf_trainer.workers.model_worker import ModelWorker

@@ -17,10 +17,11 @@ import torch
 from ray.util.placement_group import remove_placement_group
 from transformers import AutoConfig, AutoTokenizer, Qwen2Config
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.trainer import Trainer
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.rollout import CPU_BLOCK_SIZE, MAX_NUM_SEQS, kv_cache_bytes
 
 pytestmark = pytest.mark.timeout(300)

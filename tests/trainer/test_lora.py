@@ -16,13 +16,13 @@ from ray.util.placement_group import remove_placement_group
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlhf_api.planning.placement import Placement, plan_placement
 from rlhf_api.v1alpha1 import LoRASpec, ModelSpec, RLHFJob, RolloutSpec, TrainingSpec
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import run
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines, \
-    plan_placement
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.weight_sync import setup_weight_sync, sync_weights
 
 from test_offline import _dataset, _pair_records, _response_logps, _write_job

@@ -1,4 +1,4 @@
-"""The GPU memory plan (rlhf_trainer/memory_plan.py): parameter counts equal the models' own, the bytes
+"""The GPU memory plan (rlhf_api/planning/memory.py): parameter counts equal the models' own, the bytes
 per GPU and phase follow from them by the rules the module states, and a job that cannot fit is refused
 with its numbers, by `rlhf validate --gpu` and by `rlhf run` before any model loads."""
 
@@ -12,11 +12,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config
 
 from rlhf_api.validation import InvalidJob, validate
-from rlhf_operator.cli import main
-from rlhf_trainer.memory_plan import (CUDA_CONTEXT, DEEPSPEED_BUFFERS, ENGINE, GIB, HOST_PROCESS, NCCL_PEERS,
-                                      ZERO3_LIVE_PARAMETERS, Shape, gpu_bytes, local_config, plan_job, plan_memory,
-                                      refuse_unless_fits)
-from rlhf_trainer.workers.group import Placement
+from rlhf_cli.cli import main
+from rlhf_api.planning.memory import (CUDA_CONTEXT, DEEPSPEED_BUFFERS, ENGINE, GIB, HOST_PROCESS, NCCL_PEERS,
+                                     ZERO3_LIVE_PARAMETERS, Shape, gpu_bytes, local_config, plan_job, plan_memory,
+                                     refuse_unless_fits)
+from rlhf_api.planning.placement import Placement
 from rlhf_trainer.tiny import build_tiny_model
 
 EXAMPLES = Path(__file__).parents[2] / "manifests" / "examples"
@@ -104,7 +104,7 @@ def _plan(spec, gpu="NVIDIA-H100-80GB-HBM3"):
 def test_grpo_example_bytes_per_gpu_follow_from_the_parameters():
     """8 GPUs all shared (colocation all): ZeRO-3 splits the actor's and the reference's weights 8 ways, the
     actor's gradients and AdamW state too; a vLLM worker of tensor-parallel width 2 beside them, its share 0.5 of
-    each GPU while it samples. Each pass counted by hand from the rules memory_plan.py states."""
+    each GPU while it samples. Each pass counted by hand from the rules planning/memory.py states."""
     spec = _job("grpo")
     plan = _plan(spec)
     params, total = 7_615_616_512, gpu_bytes("NVIDIA-H100-80GB-HBM3")

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from e2e.pods.volumes import bind_script
+from rlhf_api.paths import model_path
 from rlhf_api.validation import validate
 from rlhf_operator import render
-from rlhf_trainer.paths import model_path
 
 JOB = {
     "apiVersion": "rlhf.dev/v1alpha1",
@@ -48,7 +48,7 @@ def test_a_model_on_a_pvc_loads_in_the_trainer(tmp_path, tiny_model):
     job = validate(JOB)
     mount = head_mount(job, "models")
     load = ("import sys; from pathlib import Path; from rlhf_api.validation import validate; "
-            "from rlhf_trainer.paths import model_path; from transformers import AutoModelForCausalLM; "
+            "from rlhf_api.paths import model_path; from transformers import AutoModelForCausalLM; "
             f"job = validate({JOB!r}); path = model_path(job.spec.models, 'actor', Path('/nonexistent')); "
             "model = AutoModelForCausalLM.from_pretrained(path); print(path, model.num_parameters())")
     script = f"set -e\n{bind_script([(volume / mount['subPath'], mount['mountPath'])])}exec {sys.executable} -c \"{load}\"\n"

@@ -22,11 +22,12 @@ import ray
 
 from e2e.fixtures import wait_for
 from rlhf_api import contract
+from rlhf_api.planning.placement import Placement
 from rlhf_trainer import checkpoint
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import EXIT_FAILED, run
 from rlhf_trainer.workers.distributed import join_store
-from rlhf_trainer.workers.group import Placement, PlacementTimeout, create_placement_group
+from rlhf_trainer.workers.group import PlacementTimeout, create_placement_group
 from rlhf_trainer.workers.model_worker import ModelWorker
 from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
@@ -99,7 +100,7 @@ def test_a_job_trains_on_worker_nodes_and_resumes_from_their_shared_checkpoint(r
 
     # One job, two places, one answer: the same file run on one local Ray node.
     local = _job(toy_job, tmp_path / "local", **spec)
-    command = [sys.executable, "-m", "rlhf_operator.cli", "run", str(local), "--output-dir", str(tmp_path / "local")]
+    command = [sys.executable, "-m", "rlhf_cli.cli", "run", str(local), "--output-dir", str(tmp_path / "local")]
     try:
         done = subprocess.run(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
                               timeout=900)
@@ -168,7 +169,7 @@ def test_a_lost_worker_node_fails_the_run_and_the_next_resumes_from_the_shared_c
 
     checkpoints, interval = ray_nodes.shared / "lost", 2
     job = _job(toy_job, checkpoints, **{"training.maxSteps": 12, "checkpoint.intervalSteps": interval})
-    command = [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(tmp_path / "out"),
+    command = [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(tmp_path / "out"),
                "--address", ray_nodes.address]
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, stdout=log,

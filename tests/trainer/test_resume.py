@@ -17,7 +17,7 @@ STEPS, INTERVAL, BATCHES_PER_EPOCH = 8, 3, 16  # the toy job: 256 prompts, 16 pe
 
 
 def _rlhf_run(job, out, **popen):
-    command = [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)]
+    command = [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)]
     return subprocess.Popen(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, **popen)
 
 

@@ -12,7 +12,7 @@ import ray
 from transformers import AutoModelForCausalLM
 
 from rlhf_api import contract
-from rlhf_operator.cli import main
+from rlhf_cli.cli import main
 from rlhf_trainer.loop import RunLoop
 from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
@@ -81,7 +81,7 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job,
                      "rollout.tensorParallelSize": 2})
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
+        [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)],
         capture_output=True, text=True, timeout=540,
         env={**os.environ, "RAY_AUTH_MODE": "disabled", ENGINE_PROCESS_ENV: "own"},
     )

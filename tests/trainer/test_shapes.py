@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf_operator.cli import main
+from rlhf_cli.cli import main
 from rlhf_trainer.tiny import SHAPES, build_tiny_model
 
 SHAPE = SHAPES["qwen2-40m"]

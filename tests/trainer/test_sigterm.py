@@ -98,7 +98,7 @@ def test_ray_job_stop_lets_the_driver_save_its_checkpoint(toy_job, tmp_path):
     with (tmp_path / "head.log").open("wb") as log:
         head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        entrypoint = f"{sys.executable} -m rlhf_operator.cli run {job} --output-dir {out}"
+        entrypoint = f"{sys.executable} -m rlhf_cli.cli run {job} --output-dir {out}"
 
         def submitted() -> tuple[JobSubmissionClient, str] | None:
             assert head.poll() is None, (tmp_path / "head.log").read_text()[-4000:]
@@ -154,7 +154,7 @@ def test_deleted_ray_pods_let_the_driver_save_its_checkpoint(ray_nodes, toy_job,
     pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
     with log.open("w") as output:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out), "--address",
+            [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out), "--address",
              ray_nodes.address], env={**os.environ, "RAY_AUTH_MODE": "disabled", **pid_file},
             stdout=output, stderr=subprocess.STDOUT)
 

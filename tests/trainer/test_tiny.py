@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rlhf_operator.cli import main
+from rlhf_cli.cli import main
 from rlhf_trainer.tiny import build_tiny_model, toy_prompts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"

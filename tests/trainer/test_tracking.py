@@ -96,7 +96,7 @@ def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, tm
     out = tmp_path / "out"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"),
            "WANDB_SILENT": "true"}
-    result = subprocess.run([sys.executable, "-m", "rlhf_operator.cli", "run", str(job), "--output-dir", str(out)],
+    result = subprocess.run([sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)],
                             capture_output=True, text=True, timeout=540, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     logs = out / "checkpoints" / "logs"

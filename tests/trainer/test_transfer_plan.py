@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_api.planning.placement import ROLLOUT, plan_placement
 from rlhf_api.validation import InvalidJob, validate
-from rlhf_trainer.workers.group import ROLLOUT, plan_placement
 from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, broadcast_bundles, bucket_ranges, plan_transfer
 from rlhf_trainer.workers.weight_sync import engine_routes, worker_route
 

@@ -18,10 +18,11 @@ from ray.util.placement_group import remove_placement_group
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from e2e.fixtures import wait_for
 from rlhf_trainer.experience import Experience
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, create_rollout_engines
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.engine import ModelConfig
 from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV, engine_env
 from rlhf_trainer.workers.transfer_plan import BROADCAST, HANDLES, Route

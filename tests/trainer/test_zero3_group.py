@@ -6,9 +6,10 @@ import pytest
 import ray
 import torch
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, StepReward, TrainingSpec
 from rlhf_trainer.experience import Experience
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, mean_metrics
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, mean_metrics
 from rlhf_trainer.workers.engine import ModelConfig
 
 pytestmark = pytest.mark.timeout(600)

@@ -29,12 +29,13 @@ import torch
 from ray.util.placement_group import remove_placement_group
 from transformers import AutoModelForCausalLM
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 from rlhf_trainer.algorithms import compute_kl, kl_in_loss
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.losses import entropy_bonus, entropy_from_logits, ppo_policy_loss, token_log_probs
 from rlhf_trainer.workers.engine import ModelConfig
-from rlhf_trainer.workers.group import ModelGroup, Placement, create_placement_group, micro_batches_per_rank
+from rlhf_trainer.workers.group import ModelGroup, create_placement_group, micro_batches_per_rank
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,14 +15,14 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.paths import model_path
+from rlhf_api.planning.memory import GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, refuse_unless_fits, shapes_of
+from rlhf_api.planning.placement import Placement, plan_placement
 from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
-from .memory_plan import GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, refuse_unless_fits, shapes_of
-from .paths import model_path
 from .rewards.process import STEP_SEPARATOR_KEY
-from .workers.group import Placement, plan_placement
 
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def _qlora_problems(spec: RLHFJobSpec) -> list[str]:
 
 
 def _refuse_unless_memory_fits(spec: RLHFJobSpec, placement: Placement, base_dir: Path) -> None:
-    """The memory plan (memory_plan.py) on GPUs of the job's gpuProduct, when their size is known: local models'
+    """The memory plan (rlhf_api.planning.memory) on GPUs of the job's gpuProduct, when their size is known: local models'
     configs read from their directories, hub models' config.json fetched alone, before any GPU is touched."""
     if not uses_gpus(spec) or gpu_label(spec.resources.gpu_product or "") not in GPU_MEMORY_MIB:
         return

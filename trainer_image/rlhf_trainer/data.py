@@ -17,9 +17,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from pydantic.alias_generators import to_camel
 
+from rlhf_api.paths import is_hub_id, local_path
 from rlhf_api.v1alpha1 import DatasetSource, DatasetSpec, DataSpec
-
-from .paths import is_hub_id, local_path
 
 log = logging.getLogger(__name__)
 

@@ -20,16 +20,18 @@ from typing import Any, Iterator
 import ray
 from ray.util.placement_group import remove_placement_group
 
-from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.algorithms import ALGORITHMS, TRAINED_ROLES
+from rlhf_api.paths import model_path
+from rlhf_api.planning.placement import ROLLOUT, Placement
 from rlhf_api.v1alpha1 import RLHFJob
 
 from . import checkpoint
 from .data import PromptLoader
-from .paths import checkpoint_dir, model_path
+from .paths import checkpoint_dir
 from .reporting import Reporter
 from .timing import PhaseTimer
-from .workers.engine import TRAINED_ROLES, ModelConfig
-from .workers.group import ROLLOUT, ModelGroup, Placement, create_placement_group, trained_rank_env
+from .workers.engine import ModelConfig
+from .workers.group import ModelGroup, create_placement_group, trained_rank_env
 
 log = logging.getLogger(__name__)
 

@@ -38,13 +38,14 @@ from typing import Callable, Iterator
 import ray
 import torch
 
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
 from .data import PromptLoader
 from .loop import RunLoop
 from .losses import PreferenceConfig, masked_sum
 from .offline_data import OfflineBatch, OfflineDataset, OfflineExample, mismatched, pack, with_step_tokens
-from .workers.group import Placement, mean_metrics
+from .workers.group import mean_metrics
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from rlhf_api.algorithms import ALGORITHMS, NEEDS_REWARD
+from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
 from . import checkpoint, learning_signal
@@ -66,7 +67,7 @@ from .losses import masked_mean
 from .loop import RunLoop
 from .rewards import RewardResult, build_reward
 from .sampling import Rollout, fill_batch, informative_groups, shape_rewards, staleness
-from .workers.group import ModelGroup, Placement, create_rollout_engines, mean_metrics
+from .workers.group import ModelGroup, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
 from .workers.weight_sync import setup_weight_sync, sync_weights
 

@@ -58,7 +58,7 @@ class PodResources(APIModel):
 
 
 # A GPU worker pod's memory when resources.worker.memory is unset, per GPU on top of its /dev/shm: what the memory
-# plan's host column (rlhf_trainer/memory_plan.py) gives each GPU of the GPU examples, with room: the processes on
+# plan's host column (rlhf_api/planning/memory.py) gives each GPU of the GPU examples, with room: the processes on
 # the GPU (a rank of each colocated model and a vLLM worker, ~3 GiB each with CUDA's host libraries) and vLLM's
 # pinned copy of its weights while it sleeps (an 8B model at tensor-parallel 2: ~7.5 GiB). A test holds every GPU
 # example's plan to it.

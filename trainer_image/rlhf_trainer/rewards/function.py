@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlhf_api.contract import REWARD_FUNCTIONS_DIR
+from rlhf_api.paths import local_path
 from rlhf_api.v1alpha1 import RewardSource
-
-from ..paths import local_path
 
 if TYPE_CHECKING:
     from . import SourceContext

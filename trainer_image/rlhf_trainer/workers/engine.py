@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.algorithms import ALGORITHMS, CAUSAL_LM_ROLES, TRAINED_ROLES
 from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 
 from ..losses import token_log_probs
@@ -29,8 +29,6 @@ from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
 
-CAUSAL_LM_ROLES = ("actor", "reference", "teacher")
-TRAINED_ROLES = ("actor", "critic", "rm")
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
 

@@ -4,7 +4,7 @@
 else, so the DeepSpeed engine keeps wrapping the same module (its parameter names gain
 `.base_layer` and `lora_A/B` entries) and only the adapters get optimizer state. The PeftModel
 it returns switches the adapters off (`disable_adapter`): the base model, which serves as the
-reference without a second copy of the weights (workers/group.py: `shared_roles`).
+reference without a second copy of the weights (rlhf_api/planning/placement.py: `shared_roles`).
 
 `merged_entries` lists the model's weights under the base model's names, each adapted layer's
 weight merged as W + scale * B @ A: what vLLM is sent after every update and what the merged

@@ -31,8 +31,8 @@ class Route:
 
 
 def plan_transfer(ranks: dict[str, list[int]], engine_width: int) -> list[Route]:
-    """One route per vLLM worker, engine by engine; `ranks` and `engine_width` are group.Placement's
-    (role -> bundle of each rank, "rollout" -> first bundle of each engine)."""
+    """One route per vLLM worker, engine by engine; `ranks` and `engine_width` are a placement's
+    (rlhf_api.planning.placement.Placement: role -> bundle of each rank, "rollout" -> first bundle of each engine)."""
     actor_rank_on = {bundle: rank for rank, bundle in enumerate(ranks["actor"])}
     routes: list[Route] = []
     members = 1  # actor rank 0

@@ -167,7 +167,7 @@ class WeightSync:
 
 
 def setup_weight_sync(actor_group, engines: list, placement, bucket_bytes: int) -> WeightSync:
-    """Plan each worker's route from the placement (group.Placement), open the store on actor rank
+    """Plan each worker's route from the placement (rlhf_api.planning.placement.Placement), open the store on actor rank
     0, form the broadcast group (when a worker receives by broadcast) and the handle channels."""
     import ray
 

@@ -1,12 +1,12 @@
 """What each GPU and each worker pod of a job holds, phase by phase, estimated from the models' configs before
 anything loads.
 
-The trainer's order of calls is the plan's (trainer.py): on shared GPUs vLLM's engines start first and
+The trainer's order of calls is the plan's (rlhf_trainer/trainer.py): on shared GPUs vLLM's engines start first and
 sleep while the models load; each step the engines sample and a reward model scores the samples (phase
 "generate": the engines are still awake), then the engines sleep while the models score the rollout one after
 another ("score") and train one after another ("train"), each process handing its caching allocator's blocks
-back after its pass (model_worker.py); then the engines wake their weights, take the sync, and only then their
-KV cache. A job whose busiest GPU, or whose worker pod, cannot hold a phase is refused before any model loads.
+back after its pass (rlhf_trainer/workers/model_worker.py); then the engines wake their weights, take the sync,
+and only then their KV cache. A job whose busiest GPU, or whose worker pod, cannot hold a phase is refused before any model loads.
 
 The terms, per process on a GPU (bytes), and how each is calibrated:
 - weights: parameters (counted from config.json: exact for the architectures in _layer_params, tested against
@@ -63,13 +63,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhf_api.algorithms import ALGORITHMS
+from rlhf_api.algorithms import ALGORITHMS, CAUSAL_LM_ROLES, TRAINED_ROLES
+from rlhf_api.paths import is_hub_id, model_path
 from rlhf_api.v1alpha1 import RLHFJobSpec
 from rlhf_api.v1alpha1.base import quantity_bytes
 from rlhf_api.validation import FieldError, InvalidJob
 
-from .workers.engine import CAUSAL_LM_ROLES, TRAINED_ROLES
-from .workers.group import ROLLOUT, Placement
+from .placement import ROLLOUT, Placement, plan_placement
 
 GIB = 1 << 30
 CUDA_CONTEXT = 13 * GIB // 10  # measured, see above
@@ -368,9 +368,8 @@ def shapes_of(spec: RLHFJobSpec, placement: Placement, config_of) -> dict[str, S
 def local_config(models_dir: Path | None, base_dir: Path, spec: RLHFJobSpec, fetch: bool = False):
     """config_of(role) for shapes_of: config.json from the model's directory (a local path), else from
     models_dir/<hub id>/config.json (a directory laid out like the hub, such as manifests/examples/model-configs),
-    else, with fetch, the hub's config.json alone (at the model's revision, through the Hugging Face cache)."""
-    from .paths import is_hub_id, model_path
-
+    else, with fetch, the hub's config.json alone (at the model's revision, through the Hugging Face cache: the
+    trainer's, which has huggingface_hub; `rlhf validate --gpu` never fetches)."""
     def config_of(role: str) -> dict:
         model = _model_spec(spec, role)
         local = Path(model_path(spec.models, role, base_dir))
@@ -419,7 +418,5 @@ def refuse_unless_fits(plan: MemoryPlan) -> None:
 
 def plan_job(spec: RLHFJobSpec, gpu: str, config_of) -> MemoryPlan:
     """The plan of a GPU job (resources.gpusPerNode > 0) on GPUs of this kind (gpu_bytes)."""
-    from .workers.group import plan_placement
-
     placement = plan_placement(spec, use_gpu=True)
     return plan_memory(spec, placement, shapes_of(spec, placement, config_of), gpu)

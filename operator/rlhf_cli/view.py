@@ -2,7 +2,7 @@
 
 Installed as the kubectl plugin kubectl-rlhf too (`kubectl rlhf status JOB`): the same commands.
 They read what the API server has (the job's status; the trainer's log through pods/log) with the
-kubeconfig's credentials, or what a run left in a local directory (metrics.jsonl).
+kubeconfig's credentials (cluster.py), or what a run left in a local directory (metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -15,36 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_api import contract
 from rlhf_api import v1alpha1 as api
+from rlhf_operator import names
+from rlhf_operator.kube import Kube
 
-from . import names
-from .kube import Kube
+from . import cluster
 
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40  # points of a curve shown: the last ones
-
-
-def _namespace(args: argparse.Namespace) -> str:
-    """--namespace, else the kubeconfig's current context's, else default (as kubectl)."""
-    if args.namespace:
-        return args.namespace
-    try:
-        _, current = k8s_config.list_kube_config_contexts()
-    except (k8s_config.ConfigException, FileNotFoundError):
-        return "default"
-    return current.get("context", {}).get("namespace") or "default"
-
-
-def _job(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    job = kube.get(api.KIND, namespace, name)
-    if job is None:
-        raise SystemExit(f"rlhf: no RLHFJob {name} in namespace {namespace} (kubectl get rlhfjobs -A lists them; "
-                         "-n selects the namespace)")
-    return job
 
 
 def _duration(seconds: float) -> str:
@@ -113,9 +94,8 @@ def _lineage_lines(job: dict[str, Any], namespace_jobs: list[dict[str, Any]]) ->
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    namespace = _namespace(args)
-    kube = Kube.from_environment()
-    job = _job(kube, namespace, args.job)
+    namespace, kube = cluster.namespace(args), cluster.connect(args)
+    job = cluster.job(kube, namespace, args.job)
     print("\n".join(status_lines(job, kube.list(api.KIND, namespace, ""))))
     return 0
 
@@ -128,9 +108,8 @@ def trainer_pods(kube: Kube, namespace: str, job_name: str) -> list[dict[str, An
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    namespace = _namespace(args)
-    kube = Kube.from_environment()
-    job = _job(kube, namespace, args.job)
+    namespace, kube = cluster.namespace(args), cluster.connect(args)
+    job = cluster.job(kube, namespace, args.job)
     pods = trainer_pods(kube, namespace, args.job)
     if not pods:
         print(f"rlhf logs: RLHFJob {args.job} has no trainer pod now (phase {(job.get('status') or {}).get('phase')}): "
@@ -149,16 +128,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         except ApiException as error:
             print(f"rlhf logs: the API server could not serve the log of pod {name} ({error.status} {error.reason}): "
-                  f"{_api_message(error)}", file=sys.stderr)
+                  f"{cluster.api_message(error)}", file=sys.stderr)
             return 1
     return 0
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return json.loads(error.body or "{}").get("message") or str(error.reason)
-    except ValueError:
-        return str(error.body or error.reason)
 
 
 def sparkline(values: list[float]) -> str:
@@ -187,8 +159,11 @@ def curves(metrics_file: Path) -> dict[str, list[float]]:
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """The run's curves from its metrics.jsonl, read locally, and the TensorBoard command for its events."""
-    logs = Path(args.logdir) if args.logdir else Path(
-        _job(Kube.from_environment(), _namespace(args), args.job)["spec"]["checkpoint"]["path"]) / contract.LOGS_DIR
+    if args.logdir:
+        logs = Path(args.logdir)
+    else:
+        job = cluster.job(cluster.connect(args), cluster.namespace(args), args.job)
+        logs = Path(job["spec"]["checkpoint"]["path"]) / contract.LOGS_DIR
     metrics_file = logs / "metrics.jsonl"
     if not metrics_file.exists():
         print(f"rlhf tensorboard: {metrics_file} does not exist: pass --logdir, the logs/ directory under the job's "
@@ -206,17 +181,16 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 def register(commands: Any) -> None:
     """The view's subcommands on `rlhf`'s parser."""
     def job_command(name: str, help: str) -> argparse.ArgumentParser:
-        command = commands.add_parser(name, help=help)
+        command = cluster.command(commands.add_parser(name, help=help))
         command.add_argument("job", metavar="JOB", help="the RLHFJob's name")
-        command.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
         return command
 
     job_command("status", "an RLHFJob at a glance: phase, progress, checkpoint, usage, latest metrics").set_defaults(
-        func=cmd_status)
+        func=cluster.reported(cmd_status))
     logs = job_command("logs", "the trainer's log (every attempt whose pods are kept, oldest first)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep streaming the newest attempt's log")
-    logs.set_defaults(func=cmd_logs)
+    logs.set_defaults(func=cluster.reported(cmd_logs))
     board = job_command("tensorboard", "a run's metric curves from its metrics.jsonl, and the TensorBoard command")
     board.add_argument("--logdir", help="the run's logs/ directory, read locally (default: logs/ under the job's "
                                         "checkpoint.path, where its checkpoint volume is mounted)")
-    board.set_defaults(func=cmd_tensorboard)
+    board.set_defaults(func=cluster.reported(cmd_tensorboard))

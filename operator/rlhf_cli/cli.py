@@ -1,13 +1,37 @@
-"""`rlhf`: the command line of rlhf-operator."""
+"""`rlhf`: the command line of rlhf-operator.
+
+`pip install rlhf-operator` installs it with what it needs alone: validate (the memory plan included), the
+manifests, and the commands on a cluster's RLHFJobs. The commands that run one half, `rlhf run` and the model
+builders (the trainer's stack) or `rlhf operator` (kopf), import it when called, and say which extra to
+install when it is not there.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
+
+from rlhf_operator.leader import Elector, Timing
+
+from . import cluster, dashboard, jobs, view
+
+DISTRIBUTION = "rlhf-operator"
+
+
+@contextmanager
+def extra(name: str, command: str):
+    """Imports of a half's stack, for `rlhf COMMAND`: when one is missing, what to install instead of a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as missing:
+        raise SystemExit(f"`rlhf {command}` needs the {name} ({missing}): "
+                         f"pip install '{DISTRIBUTION}[{name}]'") from None
 
 
 def _documents(path: str) -> list[tuple[str, object]]:
@@ -48,8 +72,8 @@ def _print_memory_plan(spec, args: argparse.Namespace, base_dir: Path) -> bool:
     if spec.resources.gpus_per_node == 0:
         print("  runs on CPU (resources.gpusPerNode 0): no GPU memory plan")
         return True
+    from rlhf_api.planning.memory import local_config, plan_job
     from rlhf_api.validation import InvalidJob
-    from rlhf_trainer.memory_plan import local_config, plan_job
 
     gpu = args.gpu or spec.resources.gpu_product
     try:
@@ -78,7 +102,8 @@ def cmd_defaults_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_smollm2_model(args: argparse.Namespace) -> int:
-    from rlhf_trainer.pretrained import build_smollm2
+    with extra("trainer", "smollm2-model"):
+        from rlhf_trainer.pretrained import build_smollm2
 
     try:
         print(build_smollm2(args.dir, gguf=args.gguf))
@@ -89,7 +114,8 @@ def cmd_smollm2_model(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from rlhf_trainer.tiny import build_tiny_model  # the trainer stack (torch, transformers) only when asked
+    with extra("trainer", "tiny-model"):
+        from rlhf_trainer.tiny import build_tiny_model
 
     try:
         print(build_tiny_model(args.dir, kind=args.kind, seed=args.seed, shape=args.shape))
@@ -100,14 +126,15 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rlhf_trainer.run import run_pipeline  # the trainer stack only when asked
+    with extra("trainer", "run"):
+        from rlhf_trainer.run import run_pipeline
 
     return run_pipeline(args.files, output_dir=args.output_dir, address=args.address, num_cpus=args.num_cpus)
 
 
 def operator_options(args: argparse.Namespace):
-    from .leader import Elector, Timing
-    from .runner import Options
+    with extra("operator", "operator"):
+        from rlhf_operator.runner import Options
 
     elector = None
     if args.leader_elect:
@@ -148,15 +175,23 @@ def _price(text: str) -> tuple[str, float]:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .runner import run
+    with extra("operator", "operator"):
+        from rlhf_operator.runner import run
 
     return run(operator_options(args))
 
 
-def parser() -> argparse.ArgumentParser:
-    from .leader import Timing
+def _version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
+
+def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="rlhf", description="RLHF and RL post-training jobs on Kubernetes (RLHFJob).")
+    root.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    cluster.add_flags(root)
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = commands.add_parser(
@@ -238,9 +273,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (default: enough for the job)")
     run.set_defaults(func=cmd_run)
 
-    from .view import register
-
-    register(commands)
+    for module in (jobs, view, dashboard):
+        module.register(commands)
     return root
 
 

@@ -1,0 +1,122 @@
+"""`rlhf dashboard JOB`: the Ray dashboard of a job's running Ray cluster on a local port, until Ctrl-C.
+
+Through the API server's pods/portforward to the head pod, as `kubectl port-forward` does, so that kubectl
+need not be installed: each local connection gets a stream of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import sys
+import threading
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import portforward
+
+from rlhf_operator import names
+
+from . import cluster
+
+RAY_DASHBOARD_PORT = 8265  # Ray's default, the head container's port named "dashboard" (rlhf_operator.render)
+RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay's, on every pod of a Ray cluster
+CHUNK = 1 << 16
+
+
+def head_pod(kube: Any, namespace: str, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's running head pod: of its current Ray cluster (status.rayClusterName) when there is one,
+    else the newest."""
+    name, current = job["metadata"]["name"], (job.get("status") or {}).get("rayClusterName")
+    pods = kube.list("Pod", namespace, f"{names.JOB_LABEL}={names.label_value(name)},{names.ROLE_LABEL}=head")
+    running = [pod for pod in pods if (pod.get("status") or {}).get("phase") == "Running"]
+    return max(running, key=lambda pod: (pod["metadata"].get("labels", {}).get(RAY_CLUSTER_LABEL) == current,
+                                         pod["metadata"]["creationTimestamp"]), default=None)
+
+
+def dashboard_port(pod: dict[str, Any]) -> int:
+    ports = [port for container in pod["spec"]["containers"] for port in container.get("ports") or []]
+    return next((port["containerPort"] for port in ports if port.get("name") == "dashboard"), RAY_DASHBOARD_PORT)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    namespace, kube = cluster.namespace(args), cluster.connect(args)
+    job = cluster.job(kube, namespace, args.job)
+    pod = head_pod(kube, namespace, job)
+    if pod is None:
+        print(f"rlhf dashboard: RLHFJob {args.job} has no running Ray head now (phase "
+              f"{(job.get('status') or {}).get('phase', 'Pending')}): its dashboard is there while its Ray cluster "
+              "is up", file=sys.stderr)
+        return 1
+    core, pod_name, port = k8s.CoreV1Api(kube.api_client), pod["metadata"]["name"], dashboard_port(pod)
+
+    def tunnel() -> Any:
+        return portforward(core.connect_get_namespaced_pod_portforward, pod_name, namespace, ports=str(port))
+
+    try:
+        tunnel().close()  # the API server can reach the pod: say so now, not at the browser's first request
+    except ApiException as error:
+        print(f"rlhf dashboard: the API server cannot forward to pod {pod_name} port {port}: "
+              f"{_refusal(error.reason)}", file=sys.stderr)
+        return 1
+    try:
+        server = socket.create_server((args.address, args.port))
+    except OSError as error:
+        print(f"rlhf dashboard: cannot listen on {args.address}:{args.port} ({error.strerror}): pass another --port",
+              file=sys.stderr)
+        return 1
+    with server:
+        print(f"Ray dashboard of RLHFJob {namespace}/{args.job} (pod {pod_name}): "
+              f"http://{args.address}:{server.getsockname()[1]} (Ctrl-C stops)", flush=True)
+        try:
+            while True:
+                local, _ = server.accept()
+                threading.Thread(target=_forward, args=(local, tunnel, port), daemon=True).start()
+        except KeyboardInterrupt:
+            return 0
+
+
+def _refusal(reason: str) -> str:
+    """The API server's message in a refused websocket handshake, whose text (websocket-client's) ends with the
+    response's body, a Status; else the whole text."""
+    try:
+        return json.loads(reason.rsplit(" -+-+- ", 1)[-1])["message"]
+    except (ValueError, KeyError, TypeError):
+        return reason
+
+
+def _forward(local: socket.socket, tunnel: Any, port: int) -> None:
+    """One local connection through a stream of its own, bytes both ways until either side closes."""
+    try:
+        forwarded = tunnel()
+    except ApiException as error:
+        print(f"rlhf dashboard: a connection failed: {_refusal(error.reason)}", file=sys.stderr)
+        local.close()
+        return
+    remote = forwarded.socket(port)
+    try:
+        while True:
+            readable, _, _ = select.select([local, remote], [], [])
+            for source in readable:
+                data = source.recv(CHUNK)
+                if not data:
+                    return
+                (remote if source is local else local).sendall(data)
+    except OSError:
+        return
+    finally:
+        local.close()
+        forwarded.close()
+
+
+def register(commands: Any) -> None:
+    command = cluster.command(commands.add_parser(
+        "dashboard", help="the Ray dashboard of a running job on a local port (a port-forward; Ctrl-C stops)"))
+    command.add_argument("job", metavar="JOB", help="the RLHFJob's name")
+    command.add_argument("-p", "--port", type=int, default=RAY_DASHBOARD_PORT,
+                         help="the local port (%(default)s; 0: any free one)")
+    command.add_argument("--address", default="127.0.0.1", help="the local address to listen on (%(default)s)")
+    command.set_defaults(func=cluster.reported(cmd_dashboard))
