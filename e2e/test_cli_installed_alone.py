@@ -29,10 +29,11 @@ def venv(tmp_path_factory) -> Path:
     """bin/ of a fresh Python 3.11 venv holding the wheel built from this checkout and what it requires."""
     root = tmp_path_factory.mktemp("cli-alone")
     for source in SOURCES:
-        copy = shutil.copytree if (REPO / source).is_dir() else shutil.copy
         (root / "src" / source).parent.mkdir(parents=True, exist_ok=True)
-        copy(REPO / source, root / "src" / source, **({"ignore": shutil.ignore_patterns("__pycache__")}
-                                                       if (REPO / source).is_dir() else {}))
+        if (REPO / source).is_dir():
+            shutil.copytree(REPO / source, root / "src" / source, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / source, root / "src" / source)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", root / "dist", root / "src"],
                    check=True, timeout=300)
