@@ -29,13 +29,13 @@ VALUE_SETS = {
     "scoped-and-annotated": {
         "watchNamespaces": ["team-a", "team-b"],
         "replicas": 3,  # leader election (on by default) makes the standbys safe
-        "image": {"repository": "registry.example.com/rlhf/operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+        "image": {"repository": "registry.example.com/rlhf/operator", "tag": "2.0.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "registry"}],
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/rlhf"}},
         "podAnnotations": {"prometheus.io/scrape": "true"},
         "podLabels": {"team": "ml-platform"},
         "priorityClassName": "system-cluster-critical",
-        "trainerImage": "registry.example.com/rlhf/trainer:0.1.0",
+        "trainer": {"repository": "registry.example.com/rlhf/trainer", "tag": "2.0.0-rc1"},
         "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"}],
@@ -147,9 +147,11 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
         assert "priorityClassName" not in pod["spec"] and "annotations" not in pod["metadata"]
         env = pod["spec"]["containers"][0]["env"]
-        # Jobs without an image get the trainer of the chart's version: the operator's own default for it.
-        assert env[1] == {"name": render.TRAINER_IMAGE_ENV, "value": f"ghcr.io/rlhf-operator/trainer:{CHART_APP_VERSION}"}
-        assert env[1]["value"] == render.DEFAULT_TRAINER_IMAGE
+        # Jobs without an image get the trainer of the chart's version for their device: the operator's own default.
+        assert env[1:] == [{"name": render.TRAINER_IMAGE_ENV[device],
+                            "value": f"{render.DEFAULT_TRAINER_REPOSITORY}:{CHART_APP_VERSION}-{device}"}
+                           for device in ("cpu", "cuda")]
+        assert CHART_APP_VERSION == render.VERSION
         assert "--leader-elect" in pod["spec"]["containers"][0]["args"]
         assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}  # standbys wait for the Lease
         container = pod["spec"]["containers"][0]
@@ -161,8 +163,9 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
         assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "rlhf-operator"
         assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
         assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
-        assert pod["spec"]["containers"][0]["env"][1:] == [
-            {"name": render.TRAINER_IMAGE_ENV, "value": "registry.example.com/rlhf/trainer:0.1.0"}]  # what render reads
+        assert pod["spec"]["containers"][0]["env"][1:] == [  # what render reads
+            {"name": render.TRAINER_IMAGE_ENV[device], "value": f"registry.example.com/rlhf/trainer:2.0.0-rc1-{device}"}
+            for device in ("cpu", "cuda")]
         assert pod["spec"]["containers"][0]["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
         # The values' node affinity, and the replicas preferably on different nodes.
         assert pod["spec"]["affinity"]["nodeAffinity"] == VALUE_SETS[name]["affinity"]["nodeAffinity"]
@@ -312,7 +315,16 @@ def test_helm_install_upgrade_uninstall_manages_the_crd(helm, release, tmp_path)
     cp.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
     cp.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
                f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")
-    helm(*install, kubeconfig=kubeconfig)
+    notes = helm(*install, kubeconfig=kubeconfig).stdout.split("NOTES:\n", 1)[1]
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
+    for line in (f"rlhf-operator {CHART_APP_VERSION} is installed in namespace {RELEASE_NS}.",  # what to do next
+                 f"The operator runs ghcr.io/rlhf-operator/operator:{CHART_APP_VERSION}",
+                 f"ghcr.io/rlhf-operator/trainer:{CHART_APP_VERSION}-cuda when they ask for GPUs",
+                 f"ghcr.io/rlhf-operator/trainer:{CHART_APP_VERSION}-cpu when they do not",
+                 "helm install kuberay-operator kuberay/kuberay-operator",
+                 f"kubectl -n {RELEASE_NS} rollout status deployment/{RELEASE}", "kubectl get rlhfjobs -w",
+                 f"Documentation: {home}/tree/v{CHART_APP_VERSION}/docs"):
+        assert line in notes, notes
     crd, properties = crd_schema_properties(cp)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE

@@ -335,7 +335,7 @@ def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
 def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_leader_s_death(
         control_plane, kube, kube_api, namespace, pod_runtime, operator_image, trainer_image, tiny_model, tmp_path):
     """`helm install` of the chart with the operator image the suite built, two replicas on the runtime's
-    node, and the built trainer image as the chart's trainerImage: the leader pod is SIGKILLed once it
+    node, and the built trainer image as the chart's CPU trainer: the leader pod is SIGKILLed once it
     has created the job's RayJob, the standby takes the Lease over and the job, which names no image,
     ends Succeeded with one RayJob."""
     release_namespace = f"{namespace}-op"  # the operator's own namespace, as a cluster would have it

@@ -5,7 +5,9 @@ scheduler and KubeRay) with one Node whose pods run for real: the pod runtime as
 (`python -m e2e.pods`), running containers from the images built from the Dockerfiles. The chart installs
 the operator from its image, with the trainer image as the jobs' default; the tiny example's model and
 prompts go on a claim and its reward in a ConfigMap of the default namespace, under the names that
-manifests/examples/tiny-grpo-cluster-job.yaml reads. Then:
+manifests/examples/tiny-grpo-cluster-job.yaml reads. With `--chart oci://HOST:PORT/ORG/charts/rlhf-operator
+--version X.Y.Z` the chart comes from a registry instead (a release's: `make release`), with its own CRD and
+default images, which the node pulls from that registry. Then:
 
     kubectl apply -f manifests/examples/tiny-grpo-cluster-job.yaml
     kubectl get rlhfjobs -w
@@ -43,18 +45,37 @@ EXAMPLE = ROOT / "manifests" / "examples" / "tiny-grpo-cluster-job.yaml"
 TINY = ROOT / "manifests" / "examples" / "tiny"  # `make demo` builds its model
 CHART = ROOT / "helm" / "rlhf-operator"
 RELEASE, RELEASE_NAMESPACE, NAMESPACE = "rlhf", "rlhf-system", "default"
+CRD = "rlhfjobs.rlhf.dev"
 
 
 def helm_install(cp: ControlPlane, operator_image: str, trainer_image: str, namespace: str,
                  values: dict[str, Any], values_file: Path) -> None:
-    """`helm install` of the chart with the operator image the suite built (never pulled) and the trainer
-    image as the jobs' default; the control plane has the CRDs installed already. `values` add to these."""
+    """`helm install` of this checkout's chart with the operator image the suite built (never pulled) and the
+    (CPU) trainer image as the jobs' default; the control plane has the CRDs installed already. `values` add
+    to these."""
     repository, tag = operator_image.rsplit(":", 1)
-    values_file.write_text(yaml.safe_dump({
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}, "trainerImage": trainer_image,
-        "crds": {"install": False}, **values}))
+    trainer_repository, trainer_tag = trainer_image.rsplit(":", 1)
+    _helm_install(cp, namespace, [str(CHART)], values_file, {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "trainer": {"repository": trainer_repository, "tag": trainer_tag.removesuffix("-cpu")},  # the chart adds it
+        "crds": {"install": False}, **values})
+
+
+def helm_install_released(cp: ControlPlane, chart: str, version: str, plain_http: bool, namespace: str,
+                          values_file: Path) -> None:
+    """`helm install` of a released chart from its registry, with its own CRD and images: the control plane's
+    CRD (installed from crds/ at its start) is handed to the release first, as helm adopts an object."""
+    cp.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cp.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
+               f"meta.helm.sh/release-namespace={namespace}", "--overwrite")
+    _helm_install(cp, namespace, [chart, "--version", version, *(["--plain-http"] if plain_http else [])],
+                  values_file, {})
+
+
+def _helm_install(cp: ControlPlane, namespace: str, chart: list[str], values_file: Path, values: dict[str, Any]) -> None:
+    values_file.write_text(yaml.safe_dump(values))
     subprocess.run([built("helm", "HELM"), "--kubeconfig", str(cp.kubeconfig), "-n", namespace, "upgrade", "--install",
-                    RELEASE, str(CHART), "--create-namespace", "-f", str(values_file)],
+                    RELEASE, *chart, "--create-namespace", "-f", str(values_file)],
                    check=True, capture_output=True, text=True)
 
 
@@ -127,18 +148,22 @@ def stdout_for_the_export() -> Iterator[IO[str]]:
         real.close()
 
 
-def up(state: Path, export: IO[str]) -> int:
+def up(state: Path, export: IO[str], released: argparse.Namespace) -> int:
     if controlplane(["--state-dir", str(state), "up", "--no-kwok"]) != 0:  # its export line goes to stderr here
         return 1
     cp = ControlPlane.attach(state)
-    operator_image, trainer_image = images.build(images.OPERATOR, log), images.build(images.TRAINER_CPU, log)
+    if released.chart is None:  # the operator's pod waits for the node, started next
+        helm_install(cp, images.build(images.OPERATOR, log), images.build(images.TRAINER_CPU, log), RELEASE_NAMESPACE,
+                     {}, state / "values.yaml")
+    else:
+        helm_install_released(cp, released.chart, released.version, released.plain_http, RELEASE_NAMESPACE,
+                              state / "values.yaml")
     images.base(log)  # the runtime's image store
     node = start_pod_runtime(cp, state)
     example_storage(cp, state, node)
-    helm_install(cp, operator_image, trainer_image, RELEASE_NAMESPACE, {}, state / "values.yaml")
     cp.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", f"deployment/{RELEASE}", "--timeout=300s",
                timeout=330)
-    print(f"# the operator ({operator_image}) runs on node {node}; jobs default to {trainer_image}\n"
+    print(f"# the operator of chart {released.chart or CHART.relative_to(ROOT)} runs on node {node}\n"
           f"# then: kubectl apply -f {EXAMPLE.relative_to(ROOT)}; kubectl get rlhfjobs -w; rlhf logs -f tiny-grpo\n"
           f"# stop with: make dev-cluster-down", file=sys.stderr)
     print(f"export KUBECONFIG={cp.kubeconfig}", file=export)  # only once the cluster is ready to use
@@ -150,10 +175,16 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-dir", type=Path, default=dev_state_dir(),
                         help="the control plane's state dir (default: %(default)s)")
-    state = parser.parse_args().state_dir
+    parser.add_argument("--chart", help="a released chart (oci://HOST:PORT/ORG/charts/rlhf-operator) instead of this "
+                                        "checkout's with the images built from it")
+    parser.add_argument("--version", help="the released chart's version (with --chart)")
+    parser.add_argument("--plain-http", action="store_true", help="the chart's registry speaks HTTP (with --chart)")
+    args = parser.parse_args()
+    if args.chart is not None and args.version is None:
+        parser.error("--chart needs --version")
     try:
         with stdout_for_the_export() as export:
-            return up(state, export)
+            return up(args.state_dir, export, args)
     except (ControlPlaneError, subprocess.CalledProcessError, RuntimeError) as error:
         print(f"error: {error}{getattr(error, 'stderr', '') or ''}", file=sys.stderr)
         return 1

