@@ -51,3 +51,13 @@ docs-build: setup  ## build the documentation site into site/, failing on a brok
 .PHONY: manifests
 manifests:  ## render the Helm chart into manifests/install.yaml
 	helm/render-manifests.sh > manifests/install.yaml
+
+# A release (helm/release.sh says what it makes): the images pushed to REGISTRY, the chart as an OCI chart
+# there, and into DIST the chart's package, its rendered install.yaml and the CLI's wheel and sdist.
+# VERSION must equal pyproject.toml's (the one place it is written). The cuda trainer image is about 10 GB
+# to build: DEVICES=cpu leaves it out (the suite's release does). PLAIN_HTTP=1 for a registry on loopback.
+DEVICES ?= cpu cuda
+DIST ?= dist
+.PHONY: release
+release:  ## build and push a release: make release VERSION=x.y.z REGISTRY=host[:port]/org [DEVICES=cpu] [PLAIN_HTTP=1] (the cuda trainer image is ~10 GB; DEVICES=cpu skips it)
+	VERSION="$(VERSION)" REGISTRY="$(REGISTRY)" DEVICES="$(DEVICES)" PLAIN_HTTP="$(PLAIN_HTTP)" DIST="$(DIST)" helm/release.sh

@@ -86,17 +86,23 @@ def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+def apt_install(packages: tuple[str, ...], commands: tuple[str, ...]) -> None:
+    """The Debian packages, installed when one of their commands is missing."""
+    if all(shutil.which(command) for command in commands):
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    # One apt-get at a time: requirements/install.sh may run its own beside this (tests/run.sh), and apt's
+    # lists lock fails the second at once.
+    with open(STATE.parent / "apt.lock", "w") as apt_lock:
+        fcntl.flock(apt_lock, fcntl.LOCK_EX)
+        subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
+        subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *packages], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
 def ensure_toolchain() -> None:
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    if missing:
-        sudo = [] if os.geteuid() == 0 else ["sudo"]
-        # One apt-get at a time: requirements/install.sh may run its own beside this (tests/run.sh), and apt's
-        # lists lock fails the second at once.
-        with open(STATE.parent / "apt.lock", "w") as apt_lock:
-            fcntl.flock(apt_lock, fcntl.LOCK_EX)
-            subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
-            subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *TOOLS], check=True,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    apt_install(TOOLS, TOOLS)
     (STATE / "tmp").mkdir(parents=True, exist_ok=True)
     (STATE / "containers.conf").write_text(CONTAINERS_CONF)
     (STATE / "storage.conf").write_text(
@@ -150,13 +156,15 @@ def ensure_base(log: Callable[[str], None] = print) -> str:
     log(f"making {BASE} from Debian packages (mmdebstrap)")
     start = time.monotonic()
     rootfs = STATE / "base-rootfs.tar"
-    # The machine's apt source (mirror, suites) serves the base too; its CAs go in, or pip and
-    # apt-get in RUN steps fail CERTIFICATE_VERIFY_FAILED behind this machine's egress proxy.
+    # The machine's apt source (mirror, suites) serves the base too, where it is Debian's (elsewhere, as on a
+    # forge's Ubuntu runner releasing, mmdebstrap's default mirror); its CAs go in, or pip and apt-get in RUN
+    # steps fail CERTIFICATE_VERIFY_FAILED behind this machine's egress proxy.
+    sources = [s for s in ["/etc/apt/sources.list.d/debian.sources"] if Path(s).exists()]
     subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--components=main",
                     f"--include={','.join(base_packages())}",
                     f"--customize-hook=copy-in {CA_CERTIFICATES} /usr/local/share",
                     '--customize-hook=chroot "$1" update-ca-certificates',
-                    "bookworm", str(rootfs), "/etc/apt/sources.list.d/debian.sources"], check=True)
+                    "bookworm", str(rootfs), *sources], check=True)
     try:
         run("podman", "import", *(arg for change in BASE_CONFIG for arg in ("--change", change)), str(rootfs), BASE)
     finally:
