@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from pathlib import Path
 import yaml
 
@@ -24,9 +25,10 @@ AUDIT_POLICY = {
 
 
 def start(launch: Launcher, binary: Path, state_dir: Path, pki: Path, port: int, etcd_port: int,
-          api: Api, kubeconfig: Path) -> Process:
+          api: Api, kubeconfig: Path, extra_flags: Sequence[str] = ()) -> Process:
     """Start the API server on port, over etcd on etcd_port; once api answers /readyz,
-    write the admin kubeconfig."""
+    write the admin kubeconfig. extra_flags: e.g. --runtime-config or --feature-gates, for a cluster
+    without an API the default one serves."""
     policy = state_dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     proc = launch.spawn("kube-apiserver", [
@@ -67,6 +69,7 @@ def start(launch: Launcher, binary: Path, state_dir: Path, pki: Path, port: int,
         f"--audit-policy-file={policy}",
         f"--audit-log-path={audit_log(state_dir)}",
         "--v=1",
+        *extra_flags,
     ])
     launch.wait(api.ready, 120, "kube-apiserver /readyz")
     write_kubeconfig(kubeconfig, api)

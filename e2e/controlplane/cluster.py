@@ -53,6 +53,7 @@ class ControlPlane:
 
     state_dir holds certificates, the kubeconfig, etcd's data, one log per process and
     state.json (ports, PIDs, timings). A temporary one is made when none is given.
+    apiserver_flags go to kube-apiserver after its own (an API switched off: apiserver.start).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ControlPlane:
         die_with_parent: bool = True,
         log: Callable[[str], None] | None = None,
         binaries: Binaries | None = None,
+        apiserver_flags: Sequence[str] = (),
     ) -> None:
         self._own_state_dir = state_dir is None
         if state_dir is None:
@@ -94,6 +96,7 @@ class ControlPlane:
         self.die_with_parent = die_with_parent
         self.log = log or (lambda msg: print(f"[controlplane] {msg}", file=sys.stderr, flush=True))
         self.binaries = binaries or Binaries.default()
+        self.apiserver_flags = list(apiserver_flags)
         self.versions = self.binaries.versions
         self.processes: dict[str, Process] = {}
         self.ports: dict[str, int] = {}
@@ -361,7 +364,7 @@ class ControlPlane:
     def _start_apiserver(self) -> None:
         apiserver.start(self.launcher, self.binaries.kube_apiserver, self.state_dir, self.pki,
                         self.ports["kube-apiserver"], self.ports["etcd-client"], self.api,
-                        self.kubeconfig)
+                        self.kubeconfig, self.apiserver_flags)
 
     def _crds_from_seed(self, etcd_seed: Path) -> None:
         """Take the CRD names and refusals recorded in the seed; wait until they are Established."""

@@ -27,7 +27,7 @@ from rlhf_api import pipeline
 from rlhf_api import v1alpha1 as api
 from rlhf_api.validation import InvalidJob, validate
 
-from . import checks, inputs, kube, kueue, lifecycle, names, pods, render, status, usage
+from . import checks, inputs, kube, kueue, lifecycle, names, pods, render, runtimes, status, usage
 
 log = logging.getLogger(__name__)
 
@@ -256,23 +256,26 @@ def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
 
 
 def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API,
-           job_inputs: list[dict[str, Any]] | None = None) -> None:
+           job_inputs: list[dict[str, Any]] | None = None, runtime: dict[str, Any] | None = None) -> None:
     """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
     or its pods (starting). generation: the spec generation the RayJob was brought in line with.
     On a conflict the RayJob is read again too: a newer status may have been written from a newer copy.
     Its pods' problems still come from `reads`: a pod watch is as fresh as a list of every pod.
-    job_inputs: status.inputs as the RayJob was made from them (None: as they are)."""
+    job_inputs: status.inputs as the RayJob was made from them (None: as they are); runtime: status.runtime
+    likewise (runtimes.py)."""
     namespace, name = ray_job["metadata"]["namespace"], ray_job["metadata"]["name"]
 
     def observe(job: Any, ray_job: dict[str, Any]) -> status.Observation:
-        return replace(_observation(job, ray_job, reads), inputs=job_inputs)
+        return replace(_observation(job, ray_job, reads), inputs=job_inputs, runtime=runtime)
 
     record(body, observe(body, ray_job), generation, lambda job: observe(job, API.ray_job(namespace, name) or ray_job))
 
 
 def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Observation:
     spec = body["spec"]
-    observation = status.observe(ray_job, suspend=spec.get("suspend", False), queue_name=spec.get("queueName"))
+    # The queue the RayJob was made for: the job's, or its runtime's (runtimes.py)
+    queue_name = ray_job["metadata"].get("labels", {}).get(lifecycle.QUEUE_LABEL)
+    observation = status.observe(ray_job, suspend=spec.get("suspend", False), queue_name=queue_name)
     if observation.reason == "Queued":
         return observation.with_queue_reason(kueue.waiting_reason(kueue.workload(kube.client(), ray_job)))
     if observation.phase in ("Pending", "Provisioning"):
@@ -387,8 +390,11 @@ def reconcile(body: Any, reads: Reads = API) -> None:
     if left is not None and left <= 0:  # before any child is created or patched: the job ends here
         stop_at_deadline(body, ray_job)
         return
-    job_inputs = None
+    job_inputs = runtime = None
     try:
+        recorded = (body.get("status") or {}).get("runtime")
+        if recorded or ray_job is None:  # a job made before its namespace had a default runtime keeps none
+            job, runtime = runtimes.resolve(job, recorded, client, _age_seconds(meta))
         # Children are created before the RayJob, so while it exists they were made (one deleted out
         # of band since is made again with the RayJob, not on every reconcile).
         if ray_job is None:
@@ -417,7 +423,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
     if job.spec.queue_name:
         _align_workload(client, job.spec, ray_job)
-    mirror(body, ray_job, meta.get("generation"), reads, job_inputs)
+    mirror(body, ray_job, meta.get("generation"), reads, job_inputs, runtime)
 
 
 def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> None:
@@ -429,7 +435,7 @@ def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str,
         return
     patch = kueue.active_patch(workload, spec.suspend)
     if patch:
-        client.patch("Workload", workload["metadata"]["namespace"], workload["metadata"]["name"], patch)
+        kueue.patch(client, workload, patch)
 
 
 def stop_at_deadline(body: Any, ray_job: dict[str, Any] | None) -> None:
