@@ -17,6 +17,8 @@ test:  ## run the whole suite (tests/run.sh: installs, builds the control plane 
 
 crd: setup  ## regenerate crds/ from the API models
 	$(VENV)/bin/rlhf crd > crds/rlhf.dev_rlhfjobs.yaml
+	$(VENV)/bin/rlhf crd --kind RLHFRuntime > crds/rlhf.dev_rlhfruntimes.yaml
+	$(VENV)/bin/rlhf crd --kind ClusterRLHFRuntime > crds/rlhf.dev_clusterrlhfruntimes.yaml
 
 # Every generated file: the CRD (the chart's files/ links to it), the algorithm-defaults policy, and
 # manifests/install.yaml (render-manifests.sh builds the pinned helm first when it is not cached).

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from . import v1alpha1 as api
+from .v1alpha1 import runtime
 
 CEL = "x-kubernetes-validations"
 PRINTER_COLUMNS = [
@@ -106,42 +107,60 @@ def openapi_schema(model: type[BaseModel], defaults: bool = True) -> dict[str, A
 
 
 def custom_resource_definition() -> dict[str, Any]:
-    spec_schema = openapi_schema(api.RLHFJobSpec)
     # No defaults in status: it is what the operator and the trainer wrote, and a default would be
     # added to every partial write (a trainer's progress patch would gain `conditions: []`).
-    status_schema = openapi_schema(api.RLHFJobStatus, defaults=False)
+    return _definition(api.KIND, api.PLURAL, "Namespaced", api.RLHFJob.__doc__, {
+        "spec": openapi_schema(api.RLHFJobSpec), "status": openapi_schema(api.RLHFJobStatus, defaults=False)},
+        PRINTER_COLUMNS, short_names=["rlhf"], rules=api.OBJECT_RULES, status=True)
+
+
+def runtime_definition(kind: str) -> dict[str, Any]:
+    """The CRD of RLHFRuntime (namespaced) or ClusterRLHFRuntime (cluster-scoped): one schema for both."""
+    scope = "Cluster" if kind == runtime.CLUSTER_RUNTIME_KIND else "Namespaced"
+    columns = [{"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
+               {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+    return _definition(kind, f"{kind.lower()}s", scope, runtime.RLHFRuntime.__doc__,
+                       {"spec": openapi_schema(runtime.RLHFRuntimeSpec)}, columns)
+
+
+DEFINITIONS = {api.KIND: custom_resource_definition, runtime.RUNTIME_KIND: lambda: runtime_definition(
+    runtime.RUNTIME_KIND), runtime.CLUSTER_RUNTIME_KIND: lambda: runtime_definition(runtime.CLUSTER_RUNTIME_KIND)}
+
+
+def _definition(kind: str, plural: str, scope: str, description: str, properties: dict[str, Any],
+                columns: list[dict[str, Any]], *, short_names: list[str] | None = None,
+                rules: list[dict[str, Any]] | None = None, status: bool = False) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{plural}.{api.GROUP}"},
         "spec": {
             "group": api.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.KIND.lower(),
-                "shortNames": ["rlhf"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                **({"shortNames": short_names} if short_names else {}),
                 "categories": ["rlhf", "ml"],
             },
-            "scope": "Namespaced",
+            "scope": scope,
             "versions": [{
                 "name": api.VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
+                **({"subresources": {"status": {}}} if status else {}),
+                "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": api.RLHFJob.__doc__,
-                    "required": ["spec"],
-                    CEL: api.OBJECT_RULES,
+                    "description": description,
+                    **({"required": ["spec"]} if status else {}),
+                    **({CEL: rules} if rules else {}),
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
-                        "spec": spec_schema,
-                        "status": status_schema,
+                        **properties,
                     },
                 }},
             }],
@@ -149,6 +168,6 @@ def custom_resource_definition() -> dict[str, Any]:
     }
 
 
-def render() -> str:
+def render(kind: str = api.KIND) -> str:
     header = "# Generated from operator/rlhf_api/v1alpha1/ by `rlhf crd`. Do not edit.\n"
-    return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)
+    return header + yaml.safe_dump(DEFINITIONS[kind](), sort_keys=False, width=120)

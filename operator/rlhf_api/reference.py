@@ -85,13 +85,15 @@ def _algorithms() -> list[str]:
     return lines + [""]
 
 
-def markdown() -> str:
-    lines = ["# API reference", "",
-             "Generated from the API models in `operator/rlhf_api/v1alpha1/` when the site is built: the "
-             "descriptions are the CRD's, the ones `kubectl explain rlhfjob.spec` shows. Each CEL rule is "
-             "listed under the object that declares it, naming the field it reports on.", ""]
-    lines += _algorithms()
-    for path, node in _objects(spec_schema(), "spec"):
+def runtime_spec_schema() -> dict[str, Any]:
+    definition = crd.runtime_definition("ClusterRLHFRuntime")
+    return definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _tables(schema: dict[str, Any], root: str) -> list[str]:
+    """A section per object under schema (its fields' rows, then its rules), paths starting at root."""
+    lines = []
+    for path, node in _objects(schema, root):
         lines += [f"## `{path}`", "", _cell(node.get("description", "")), "",
                   "| field | type | default | bounds | description |", "|---|---|---|---|---|"]
         required = set(node.get("required", []))
@@ -101,4 +103,18 @@ def markdown() -> str:
                          f"{_cell(child.get('description', ''))} |")
         rules = _rules(path, node)
         lines += ["", "Rules:", "", *rules, ""] if rules else [""]
+    return lines
+
+
+def markdown() -> str:
+    lines = ["# API reference", "",
+             "Generated from the API models in `operator/rlhf_api/v1alpha1/` when the site is built: the "
+             "descriptions are the CRD's, the ones `kubectl explain rlhfjob.spec` shows. Each CEL rule is "
+             "listed under the object that declares it, naming the field it reports on.", ""]
+    lines += _algorithms()
+    lines += _tables(spec_schema(), "spec")
+    lines += ["# Runtimes: RLHFRuntime and ClusterRLHFRuntime", "",
+              "One schema for both kinds (`kubectl explain clusterrlhfruntime.spec`); below, `runtime.spec` is "
+              "either's spec.", ""]
+    lines += _tables(runtime_spec_schema(), "runtime.spec")
     return "\n".join(lines)

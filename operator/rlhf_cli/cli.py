@@ -90,7 +90,7 @@ def _print_memory_plan(spec, args: argparse.Namespace, base_dir: Path) -> bool:
 def cmd_crd(args: argparse.Namespace) -> int:
     from rlhf_api.crd import render
 
-    sys.stdout.write(render())
+    sys.stdout.write(render(args.kind))
     return 0
 
 
@@ -207,7 +207,8 @@ def parser() -> argparse.ArgumentParser:
                                "are read there); manifests/examples/model-configs has the examples'")
     validate.set_defaults(func=cmd_validate)
 
-    crd = commands.add_parser("crd", help="print the RLHFJob CustomResourceDefinition")
+    crd = commands.add_parser("crd", help="print a CustomResourceDefinition: RLHFJob's, or a runtime kind's")
+    crd.add_argument("--kind", choices=("RLHFJob", "RLHFRuntime", "ClusterRLHFRuntime"), default="RLHFJob")
     crd.set_defaults(func=cmd_crd)
     policy = commands.add_parser("defaults-policy", help="print the MutatingAdmissionPolicy applying the per-algorithm defaults")
     policy.set_defaults(func=cmd_defaults_policy)

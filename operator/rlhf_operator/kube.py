@@ -27,6 +27,8 @@ RESOURCES = {
     "Pod": ("/api/v1", "pods"),  # read only: why a Ray cluster is not up, which pods still exist (usage)
     "Node": ("/api/v1", "nodes"),  # read only, cluster-scoped (namespace ""): a GPU's product for usage prices
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),  # read only: can every pod mount it
+    "RLHFRuntime": (f"/apis/{api.API_VERSION}", "rlhfruntimes"),  # read only: a job's conventions (runtimes.py)
+    "ClusterRLHFRuntime": (f"/apis/{api.API_VERSION}", "clusterrlhfruntimes"),  # cluster-scoped: namespace ""
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),  # leader election among replicas  # Kueue's admission unit of a queued RayJob
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
@@ -91,7 +93,7 @@ class Kube:
         return found["items"]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", self._path(obj["kind"], obj["metadata"]["namespace"]), obj)
+        return self._request("POST", self._path(obj["kind"], obj["metadata"].get("namespace", "")), obj)
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
               subresource: str | None = None) -> dict[str, Any]:

@@ -44,6 +44,16 @@ REASONS: dict[str, tuple[str, str, str]] = {
                                 "create the ConfigMap the message names; after the wait, delete and re-create the job"),
     "EnvironmentConfigMapNotFound": ("Pending, then Failed", "as RewardConfigMapNotFound, for "
                                      "spec.environment.function.configMap", "create the ConfigMap the message names"),
+    "RuntimeNotFound": ("Pending, then Failed", "spec.runtimeRef names a ClusterRLHFRuntime or RLHFRuntime that does "
+                        "not exist; waited for up to 10 minutes after the job's creation",
+                        "create the runtime or fix the name (`kubectl get clusterrlhfruntimes,rlhfruntimes -A`); "
+                        "after the wait, re-create the job"),
+    "RuntimeFieldLocked": ("Failed", "the job sets a field its runtime sets for every job and locks "
+                           "(spec.locked of the runtime); the message names them",
+                           "remove those fields from the job (the runtime's values apply), then re-create it"),
+    "RuntimeInvalid": ("Failed", "the job's runtime does not pass this operator's validation (one the API server "
+                       "admitted under an older CRD)", "fix the runtime (`rlhf validate` reads runtime files too), "
+                       "then re-create the job"),
     "StartingRayCluster": ("Provisioning", "KubeRay is starting the Ray cluster: pods being scheduled and readied",
                            "wait; a pod problem replaces this reason with the scheduler's or kubelet's"),
     "WaitingForSubmission": ("Provisioning", "the Ray cluster is ready; KubeRay has not submitted the job yet",
@@ -73,9 +83,11 @@ REASONS: dict[str, tuple[str, str, str]] = {
                     "under an older CRD)", "`rlhf validate` names each field and the fix; re-create the job"),
     "TooManyGPUsPerNode": ("Failed", "resources.gpusPerNode is more than one node of resources.gpuProduct carries",
                            "lower gpusPerNode and raise resources.nodes"),
-    "VolumeNotShared": ("Failed", "a claim the head and workers mount on different nodes can be attached by one "
-                        "node only (ReadWriteOnce, ReadWriteOncePod)",
-                        "use a ReadWriteMany claim (ReadOnlyMany for a model): NFS, CephFS, Filestore, EFS, Lustre"),
+    "VolumeNotShared": ("Failed", "a claim the job's pods cannot all mount: with several nodes (resources.nodes) "
+                        "one only a single node can attach (ReadWriteOnce, ReadWriteOncePod); with one node, "
+                        "ReadWriteOncePod (the head and the worker are two pods), or a read-only claim to write",
+                        "several nodes: a ReadWriteMany claim (ReadOnlyMany for a model): NFS, CephFS, Filestore, "
+                        "EFS, Lustre; one node: ReadWriteOnce will do"),
     "NameConflict": ("Failed", "a child the operator would create (ConfigMap, ServiceAccount, Role, RoleBinding, "
                      "RayJob) already exists and belongs to something else", "delete it, or re-create the job "
                      "under another name"),

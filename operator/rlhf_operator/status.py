@@ -62,7 +62,7 @@ TRUE_CONDITIONS = {
 # The status fields the operator writes; everything else in status belongs to the trainer.
 OWNED_FIELDS = (
     "phase", "reason", "message", "conditions", "observedGeneration", "rayJobName", "rayClusterName",
-    "dashboardURL", "startTime", "completionTime", "keptCluster", "inputs", "outputModel",
+    "dashboardURL", "startTime", "completionTime", "keptCluster", "inputs", "outputModel", "runtime",
 )
 RAY_JOB_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the Events API refuses longer messages
@@ -87,6 +87,7 @@ class Observation:
     warning: bool = False  # its Event is a Warning: something a human has to look at
     kept_cluster: dict[str, Any] | None = None  # status.keptCluster: a failed run's cluster kept for debugging
     inputs: list[dict[str, Any]] | None = None  # status.inputs (inputs.py); None: as they were
+    runtime: dict[str, Any] | None = None  # status.runtime (runtimes.py); None: as it was
     output_model: dict[str, Any] | None = None  # status.outputModel, with Succeeded
 
     def with_pod_problem(self, problem: tuple[str, str] | None) -> Observation:
@@ -262,6 +263,7 @@ def next_status(current: dict[str, Any], obs: Observation, now: str, generation:
         "completionTime": completed,
         "keptCluster": obs.kept_cluster,
         "inputs": obs.inputs if obs.inputs is not None else current.get("inputs"),
+        "runtime": obs.runtime if obs.runtime is not None else current.get("runtime"),
         "outputModel": obs.output_model,
     }
 

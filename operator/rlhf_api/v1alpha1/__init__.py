@@ -19,7 +19,8 @@ from .resources import CheckpointSpec, EnvVar, PodResources, RDMASpec, Resources
 from .tracking import MLflowSpec, TrackingSpec, WandbSpec
 from .job import (OBJECT_RULES, Algorithm, AttemptUsage, CheckpointStatus, Condition, JobInput, KeepFailedCluster,
                   KeptCluster, Metrics, OutputModel, Phase, PodUsage, Progress, RLHFJob, RLHFJobSpec, RLHFJobStatus,
-                  Usage)
+                  RuntimeStatus, Usage)
+from .runtime import RLHFRuntime, RLHFRuntimeSpec, RuntimeRef
 
 __all__ = [
     "APIModel",
@@ -86,6 +87,10 @@ __all__ = [
     "RLHFJob",
     "RLHFJobSpec",
     "RLHFJobStatus",
+    "RLHFRuntime",
+    "RLHFRuntimeSpec",
+    "RuntimeRef",
+    "RuntimeStatus",
     "PodUsage",
     "AttemptUsage",
     "Usage",

@@ -15,6 +15,7 @@ from .evaluation import EvaluationSpec
 from .models import ModelsSpec
 from .resources import CheckpointSpec, ResourcesSpec
 from .reward import RewardSpec
+from .runtime import RLHFRuntimeSpec, RuntimeKind, RuntimeRef
 from .training import ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED, RolloutSpec, TrainingSpec
 from .tracking import TrackingSpec
 
@@ -174,6 +175,8 @@ class RLHFJobSpec(APIModel):
     """Optimisation settings."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra=immutable("resources"))
     """Pods, GPUs, networking and environment."""
+    runtime_ref: RuntimeRef | None = Field(None, json_schema_extra=immutable("runtimeRef"))
+    """The runtime (a cluster's conventions: images, node selection, RDMA, pod sizes, volumes, queue) whose settings fill what spec.resources and queueName leave at their defaults; unset: the namespace's default RLHFRuntime, else the default ClusterRLHFRuntime, else none. The runtime is read once, when the job starts: status.runtime records it, and editing it later leaves this job as it is."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra=immutable("checkpoint"))
     """Checkpoints and resume."""
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, json_schema_extra=immutable("tracking"))
@@ -397,6 +400,17 @@ class JobInput(APIModel):
     """Its phase when last seen."""
 
 
+class RuntimeStatus(APIModel):
+    """Which runtime a job was made with, and what it said then: a later edit of the runtime changes no job made."""
+
+    kind: RuntimeKind
+    name: str
+    generation: int | None = None
+    """The runtime's metadata.generation when the job was made."""
+    spec: RLHFRuntimeSpec
+    """The runtime's spec when the job was made: what the job keeps applying."""
+
+
 class RLHFJobStatus(APIModel):
     """Observed state, written by the operator (phase, conditions, children) and the trainer (progress, metrics)."""
 
@@ -435,6 +449,8 @@ class RLHFJobStatus(APIModel):
     """The jobs whose models this one starts from (models.<role>.fromJob): its lineage."""
     output_model: OutputModel | None = None
     """The model this job exported, once Succeeded: what models.<role>.fromJob of a later job loads."""
+    runtime: RuntimeStatus | None = None
+    """The runtime the job was made with, as it was then (spec.runtimeRef, or the default)."""
 
 
 class RLHFJob(APIModel):

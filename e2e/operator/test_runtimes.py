@@ -1,0 +1,108 @@
+"""Runtimes (ClusterRLHFRuntime, RLHFRuntime) on the real API server with the operator running: a job that names
+one is rendered with the runtime's settings where it leaves a field at its default, its own fields win, a field
+the runtime locks fails it, a missing runtime is waited for, and the runtime as it was when the job started is
+recorded in status and kept: an edit or a deletion of the runtime changes no job made from it. Cluster runtimes
+are cluster-wide: each test names its own after its namespace and marks none default (other tests run beside)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from e2e.fixtures import wait_for
+from e2e.operator.jobs import children, create_job, get_job, rlhf_job, touch_and_wait_reconciled, wait_phase
+from rlhf_api import v1alpha1 as api
+
+GPU_TAINT = {"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}
+
+
+def runtime(kind: str, name: str, namespace: str = "", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": api.API_VERSION, "kind": kind,
+            "metadata": {"name": name, **({"namespace": namespace} if namespace else {})}, "spec": spec}
+
+
+@pytest.fixture
+def cluster_runtime(kube, namespace):
+    """A ClusterRLHFRuntime of this test's (deleted at the end): an H100 pool's conventions."""
+    name = f"h100-{namespace}"
+    kube.create(runtime("ClusterRLHFRuntime", name, trainerImages={"cpu": "registry.example/trainer:1.0-cpu"},
+                        resources={"tolerations": [GPU_TAINT], "nodeSelector": {"pool": "h100"}, "shmSize": "64Gi",
+                                   "head": {"cpu": "2"}, "priorityClassName": "training"},
+                        locked=["tolerations"]))
+    yield name
+    found = kube.get("ClusterRLHFRuntime", "", name)
+    if found:
+        kube.delete("ClusterRLHFRuntime", "", name, found["metadata"]["uid"])
+
+
+def _job_with_runtime(name: str, runtime_name: str, **resources: Any) -> dict[str, Any]:
+    job = rlhf_job(name, runtimeRef={"name": runtime_name}, resources=resources)
+    for left_at_default in ("shmSize", "head"):  # rlhf_job sets them: the runtime's apply only where a job does not
+        job["spec"]["resources"].pop(left_at_default, None)
+    return job
+
+
+def _worker_pod(kube, namespace: str, name: str) -> dict[str, Any]:
+    [ray_job] = children(kube, namespace, name)["RayJob"]
+    return ray_job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+
+
+def test_a_job_gets_its_runtime_s_settings_its_own_win_and_it_keeps_them(kube, namespace, operator, kuberay_paused,
+                                                                      cluster_runtime):
+    operator.start()
+    create_job(kube, namespace, _job_with_runtime("uses-runtime", cluster_runtime, nodeSelector={"team": "a"}))
+    wait_phase(kube, namespace, "uses-runtime", "Pending", "RayJobCreated")
+    [ray_job] = children(kube, namespace, "uses-runtime")["RayJob"]
+    head = ray_job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    worker = _worker_pod(kube, namespace, "uses-runtime")
+    assert GPU_TAINT in worker["tolerations"] and GPU_TAINT in head["tolerations"]
+    assert worker["nodeSelector"] == {"team": "a"}  # the job's own
+    assert head["containers"][0]["resources"]["limits"]["cpu"] == "2"
+    assert head["containers"][0]["image"] == "registry.example/trainer:1.0-cpu"  # a CPU job: the cpu image
+    assert worker["priorityClassName"] == "training"
+    shm = next(v for v in worker["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["sizeLimit"] == "64Gi"
+    recorded = get_job(kube, namespace, "uses-runtime")["status"]["runtime"]
+    assert (recorded["kind"], recorded["name"], recorded["generation"]) == ("ClusterRLHFRuntime", cluster_runtime, 1)
+    assert recorded["spec"]["resources"]["shmSize"] == "64Gi"
+
+    # The runtime edited, then deleted: the job keeps what it started with.
+    kube.patch("ClusterRLHFRuntime", "", cluster_runtime, {"spec": {"resources": {"shmSize": "8Gi"}}})
+    touch_and_wait_reconciled(kube, namespace, "uses-runtime")
+    found = kube.get("ClusterRLHFRuntime", "", cluster_runtime)
+    kube.delete("ClusterRLHFRuntime", "", cluster_runtime, found["metadata"]["uid"])
+    wait_for(lambda: kube.get("ClusterRLHFRuntime", "", cluster_runtime) is None, 30, "the runtime to go")
+    touch_and_wait_reconciled(kube, namespace, "uses-runtime")
+    job = get_job(kube, namespace, "uses-runtime")
+    assert job["status"]["runtime"] == recorded and job["status"]["phase"] == "Pending"
+    assert next(v for v in _worker_pod(kube, namespace, "uses-runtime")["volumes"]
+                if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "64Gi"
+
+    # ... and a new job naming it waits for it (RuntimeNotFound), with nothing made.
+    create_job(kube, namespace, _job_with_runtime("after-deletion", cluster_runtime))
+    waiting = wait_phase(kube, namespace, "after-deletion", "Pending", "RuntimeNotFound")["status"]
+    assert f"ClusterRLHFRuntime {cluster_runtime}, which does not exist" in waiting["message"]
+    assert not any(children(kube, namespace, "after-deletion").values())
+
+
+def test_a_job_that_sets_a_field_its_runtime_locks_fails_naming_it(kube, namespace, operator, kuberay_paused,
+                                                                   cluster_runtime):
+    operator.start()
+    create_job(kube, namespace, _job_with_runtime("locked-out", cluster_runtime, tolerations=[{"operator": "Exists"}]))
+    failed = wait_phase(kube, namespace, "locked-out", "Failed", "RuntimeFieldLocked")["status"]
+    assert "spec.resources.tolerations" in failed["message"]
+    assert not any(children(kube, namespace, "locked-out").values())
+
+
+def test_the_namespace_s_default_runtime_applies_to_a_job_that_names_none(kube, namespace, operator, kuberay_paused):
+    kube.create(runtime("RLHFRuntime", "team-default", namespace, default=True, queueName="team-queue",
+                        resources={"nodeSelector": {"team": "b"}}))
+    operator.start()
+    create_job(kube, namespace, rlhf_job("plain"))
+    wait_for(lambda: children(kube, namespace, "plain")["RayJob"], 60, "the RayJob")
+    [ray_job] = children(kube, namespace, "plain")["RayJob"]
+    assert _worker_pod(kube, namespace, "plain")["nodeSelector"] == {"team": "b"}
+    assert ray_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    wait_for(lambda: (get_job(kube, namespace, "plain").get("status") or {}).get("runtime", {}).get("name")
+             == "team-default", 30, "status.runtime")

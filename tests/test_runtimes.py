@@ -1,0 +1,70 @@
+"""A runtime applied to a job (rlhf_api/runtimes.py): field by field, the job's own values win, what it leaves
+at a default takes the runtime's, sections merge field by field, the trainer image follows the job's device,
+locked fields a job sets are named; the runtime CRDs are generated from the same models and documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf_api import crd, reference
+from rlhf_api.runtimes import applied, locked_fields_set
+from rlhf_api.v1alpha1 import RLHFRuntime
+from rlhf_api.v1alpha1.runtime import RUNTIME_RESOURCES
+from rlhf_api.validation import validate
+from rlhf_cli.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "manifests" / "examples"
+H100 = RLHFRuntime.model_validate({"metadata": {"name": "h100"}, "spec": {
+    "trainerImages": {"cpu": "reg/trainer:1-cpu", "cuda": "reg/trainer:1-cuda"}, "queueName": "gpu",
+    "resources": {"shmSize": "64Gi", "tolerations": [{"key": "pool", "operator": "Exists"}], "head": {"cpu": "2"},
+                  "rdma": {"hca": "=mlx5_0,mlx5_1"}, "nodeSelector": {"pool": "h100"}},
+    "locked": ["rdma", "queueName"]}}).spec
+
+
+def _job(**resources):
+    manifest = yaml.safe_load((EXAMPLES / "grpo-job.yaml").read_text())
+    manifest["spec"]["resources"] = {"gpusPerNode": 8, **resources}
+    return validate(manifest).spec
+
+
+def test_what_a_job_leaves_at_its_default_takes_the_runtime_s_and_its_own_values_win():
+    spec = applied(_job(nodeSelector={"team": "a"}, head={"memory": "8Gi"}), H100)
+    resources = spec.resources
+    assert resources.shm_size == "64Gi" and resources.tolerations == [{"key": "pool", "operator": "Exists"}]
+    assert resources.node_selector == {"team": "a"}  # the job's own
+    assert (resources.head.cpu, resources.head.memory) == ("2", "8Gi")  # a section merges field by field
+    assert resources.rdma.hca == "=mlx5_0,mlx5_1" and resources.image == "reg/trainer:1-cuda"  # a GPU job
+    assert spec.queue_name == "gpu" and spec.resources.nodes == 1  # job-only fields are the job's
+    assert applied(_job(gpusPerNode=0), H100).resources.image == "reg/trainer:1-cpu"
+    assert applied(_job(image="mine:1"), H100).resources.image == "mine:1"
+
+
+def test_locked_fields_the_job_sets_are_named_and_defaults_are_not_set():
+    assert locked_fields_set(_job(), H100) == []
+    manifest_spec = _job(rdma={"hca": "mlx5"})
+    assert locked_fields_set(manifest_spec, H100) == ["spec.resources.rdma"]
+    assert locked_fields_set(manifest_spec.model_copy(update={"queue_name": "mine"}), H100) == [
+        "spec.resources.rdma", "spec.queueName"]
+
+
+def test_a_runtime_sets_every_cluster_field_of_resources_and_none_of_the_job_s_own():
+    assert {"nodes", "gpusPerNode", "gpus", "topology"}.isdisjoint(
+        {name for name in RUNTIME_RESOURCES})  # field names, not aliases: nodes, gpus_per_node...
+    assert "gpus_per_node" not in RUNTIME_RESOURCES and "tolerations" in RUNTIME_RESOURCES
+
+
+@pytest.mark.parametrize("kind", ["RLHFRuntime", "ClusterRLHFRuntime"])
+def test_checked_in_runtime_crds_match_the_models_and_the_reference_documents_them(kind, capsys):
+    path = ROOT / "crds" / f"rlhf.dev_{kind.lower()}s.yaml"
+    assert path.read_text() == crd.render(kind), "crds/ drifted from the API models: run `make generate`"
+    assert main(["crd", "--kind", kind]) == 0 and capsys.readouterr().out == path.read_text()
+    definition = yaml.safe_load(path.read_text())
+    assert definition["spec"]["scope"] == ("Cluster" if kind.startswith("Cluster") else "Namespaced")
+    spec = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["resources"]["properties"]["tolerations"]["description"]
+    page = reference.markdown()
+    assert "## `runtime.spec.resources`" in page and "| `locked` |" in page
