@@ -68,3 +68,34 @@ def test_checked_in_runtime_crds_match_the_models_and_the_reference_documents_th
     assert spec["properties"]["resources"]["properties"]["tolerations"]["description"]
     page = reference.markdown()
     assert "## `runtime.spec.resources`" in page and "| `locked` |" in page
+
+
+def test_rlhf_validate_applies_a_runtime_given_beside_the_job_and_refuses_what_it_locks(tmp_path, capsys):
+    runtime_file = EXAMPLES / "runtimes" / "h100-infiniband.yaml"
+    job = EXAMPLES / "ppo-job.yaml"
+    assert main(["validate", "--gpu", "--model-configs", str(EXAMPLES / "model-configs"), str(job),
+                 str(runtime_file)]) == 0
+    out = capsys.readouterr().out
+    assert "valid (ppo job ppo-llama3-8b, with ClusterRLHFRuntime h100-infiniband)" in out
+    assert "GPU NVIDIA-H100-80GB-HBM3" in out  # the runtime's gpuProduct planned the job
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["resources"]["rdma"] = {"hca": "mlx5"}
+    (mine := tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    assert main(["validate", str(mine), str(runtime_file)]) == 1
+    assert "spec.resources.rdma: ClusterRLHFRuntime h100-infiniband sets it for every job and locks it" in \
+        capsys.readouterr().err
+
+
+def test_kubectl_explain_documents_every_runtime_field():
+    definition = yaml.safe_load((ROOT / "crds" / "rlhf.dev_clusterrlhfruntimes.yaml").read_text())
+    spec = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+    def undocumented(node, path):
+        found = []
+        for name, child in node.get("properties", {}).items():
+            if not child.get("description"):
+                found.append(f"{path}.{name}")
+            found += undocumented(child.get("items", child), f"{path}.{name}")
+        return found
+
+    assert undocumented(spec, "spec") == []

@@ -41,30 +41,65 @@ def _documents(path: str) -> list[tuple[str, object]]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_api.validation import InvalidJob, validate
+    from pydantic import ValidationError
 
-    failed = 0
+    from rlhf_api.runtimes import applied, locked_fields_set
+    from rlhf_api.v1alpha1 import RLHFRuntime
+    from rlhf_api.v1alpha1.runtime import CLUSTER_RUNTIME_KIND, RUNTIME_KIND
+    from rlhf_api.validation import FieldError, InvalidJob, validate
+
+    failed, documents, runtimes = 0, [], {}
     for path in args.files:
         try:
-            documents = _documents(path)
+            documents += [(name, doc, Path(path).parent) for name, doc in _documents(path)]
         except (OSError, yaml.YAMLError) as error:
             print(f"{path}: cannot read: {error}", file=sys.stderr)
             failed += 1
-            continue
-        for name, doc in documents:
+    for name, doc, _ in documents:  # runtimes first: the jobs beside them are validated as they complete them
+        if isinstance(doc, dict) and doc.get("kind") in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
             try:
-                job = validate(doc)
-            except InvalidJob as invalid:
+                runtime = RLHFRuntime.model_validate(doc)
+            except ValidationError as invalid:
                 failed += 1
-                print(f"{name}: invalid", file=sys.stderr)
-                for error in invalid.errors:
-                    print(f"  {error}", file=sys.stderr)
-            else:
-                job_name = job.metadata.get("name", "(unnamed)")
-                print(f"{name}: valid ({job.spec.algorithm} job {job_name})")
-                if args.gpu is not None and not _print_memory_plan(job.spec, args, Path(path).parent):
-                    failed += 1
+                print(f"{name}: invalid\n" + "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                        for e in invalid.errors()), file=sys.stderr)
+                continue
+            runtimes[runtime.kind, runtime.metadata.get("name")] = runtime
+            print(f"{name}: valid ({runtime.kind} {runtime.metadata.get('name')})")
+    for name, doc, base_dir in documents:
+        if isinstance(doc, dict) and doc.get("kind") in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
+            continue
+        try:
+            job = validate(doc)
+            runtime = _runtime_of(job.spec, runtimes)
+            if runtime is not None:
+                if locked := locked_fields_set(job.spec, runtime.spec):
+                    raise InvalidJob([FieldError(path, f"{runtime.kind} {runtime.metadata['name']} sets it for every "
+                                                 "job and locks it: remove it from the job") for path in locked])
+                job = job.model_copy(update={"spec": applied(job.spec, runtime.spec)})
+        except InvalidJob as invalid:
+            failed += 1
+            print(f"{name}: invalid", file=sys.stderr)
+            for error in invalid.errors:
+                print(f"  {error}", file=sys.stderr)
+        else:
+            job_name = job.metadata.get("name", "(unnamed)")
+            made_with = f", with {runtime.kind} {runtime.metadata['name']}" if runtime else ""
+            print(f"{name}: valid ({job.spec.algorithm} job {job_name}{made_with})")
+            if job.spec.runtime_ref and runtime is None:
+                print(f"  note: its {job.spec.runtime_ref.kind} {job.spec.runtime_ref.name} is not among the files: "
+                      "validated without it (give the runtime's file too)")
+            if args.gpu is not None and not _print_memory_plan(job.spec, args, base_dir):
+                failed += 1
     return 1 if failed else 0
+
+
+def _runtime_of(spec, runtimes: dict):
+    """The runtime among the files that the job names, else the default one given (a namespace's first)."""
+    if spec.runtime_ref:
+        return runtimes.get((spec.runtime_ref.kind, spec.runtime_ref.name))
+    defaults = sorted((r for r in runtimes.values() if r.spec.default), key=lambda r: r.kind != "RLHFRuntime")
+    return defaults[0] if defaults else None
 
 
 def _print_memory_plan(spec, args: argparse.Namespace, base_dir: Path) -> bool:
