@@ -106,3 +106,12 @@ def test_the_namespace_s_default_runtime_applies_to_a_job_that_names_none(kube, 
     assert ray_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
     wait_for(lambda: (get_job(kube, namespace, "plain").get("status") or {}).get("runtime", {}).get("name")
              == "team-default", 30, "status.runtime")
+
+
+def test_rlhf_validate_reads_the_cluster_s_runtimes(kube, control_plane, namespace, cluster_runtime, tmp_path, capsys):
+    from rlhf_cli.cli import main
+
+    (job := tmp_path / "job.yaml").write_text(__import__("yaml").safe_dump(_job_with_runtime("j", cluster_runtime)))
+    assert main(["validate", "--cluster", "--kubeconfig", str(control_plane.kubeconfig), "-n", namespace,
+                 str(job)]) == 0
+    assert f"valid (sft job j, with ClusterRLHFRuntime {cluster_runtime})" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator.leader import Elector, Timing
 
@@ -55,6 +56,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except (OSError, yaml.YAMLError) as error:
             print(f"{path}: cannot read: {error}", file=sys.stderr)
             failed += 1
+    if args.cluster:
+        try:
+            runtimes |= _cluster_runtimes(args)
+        except (cluster.NoCluster, ApiException) as error:
+            print(f"rlhf: cannot read the cluster's runtimes: {error}", file=sys.stderr)
+            return 1
     for name, doc, _ in documents:  # runtimes first: the jobs beside them are validated as they complete them
         if isinstance(doc, dict) and doc.get("kind") in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
             try:
@@ -92,6 +99,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if args.gpu is not None and not _print_memory_plan(job.spec, args, base_dir):
                 failed += 1
     return 1 if failed else 0
+
+
+def _cluster_runtimes(args: argparse.Namespace) -> dict:
+    from rlhf_api.v1alpha1 import RLHFRuntime
+    from rlhf_api.v1alpha1.runtime import CLUSTER_RUNTIME_KIND, RUNTIME_KIND
+
+    client, found = cluster.connect(args), {}
+    for kind, where in ((CLUSTER_RUNTIME_KIND, ""), (RUNTIME_KIND, cluster.namespace(args))):
+        for item in client.list(kind, where, ""):  # a list's items carry no kind
+            runtime = RLHFRuntime.model_validate({**item, "kind": kind})
+            found[kind, runtime.metadata["name"]] = runtime
+    return found
 
 
 def _runtime_of(spec, runtimes: dict):
@@ -240,6 +259,11 @@ def parser() -> argparse.ArgumentParser:
     validate.add_argument("--model-configs", type=Path, metavar="DIR",
                           help="config.json of hub models, as DIR/<org>/<name>/config.json (models on local paths "
                                "are read there); manifests/examples/model-configs has the examples'")
+    validate.add_argument("--cluster", action="store_true",
+                          help="also read the cluster's runtimes (ClusterRLHFRuntimes, and the namespace's "
+                               "RLHFRuntimes): each job is validated as its runtime completes it; runtime files "
+                               "given win")
+    cluster.command(validate)
     validate.set_defaults(func=cmd_validate)
 
     crd = commands.add_parser("crd", help="print a CustomResourceDefinition: RLHFJob's, or a runtime kind's")
