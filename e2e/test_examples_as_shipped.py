@@ -1,10 +1,10 @@
 """Every example runs as shipped.
 
 - Each cluster example (manifests/examples/*-job.yaml but the *-cpu-job.yaml ones, which `rlhf run` runs from a
-  checkout, and pipeline/) names no ConfigMap, Secret, claim or input job that its folder neither defines
-  (prerequisites/kustomization.yaml's output, the jobs beside it) nor documents (a *.example.yaml placeholder);
-  tiny-grpo-cluster-job.yaml's are the dev cluster's, made by e2e/pods/devcluster.py.
-- The prerequisites and every cluster example pass the API server's admission (server-side dry run).
+  checkout, and pipeline/) names no ConfigMap, Secret, claim, runtime or input job that its folder neither
+  defines (prerequisites/kustomization.yaml's output, runtimes/, the jobs beside it) nor documents (a
+  *.example.yaml placeholder); tiny-grpo-cluster-job.yaml's are the dev cluster's, made by e2e/pods/devcluster.py.
+- The prerequisites, the runtimes and every cluster example pass the API server's admission (server-side dry run).
 - The reward and environment code loads from its ConfigMap as the pods mount it, and scores as the job needs.
 - The Argo CD Applications sync nothing that needs a GPU or a checkout.
 """
@@ -28,11 +28,13 @@ from e2e.pods.devcluster import EXAMPLE as DEV_CLUSTER_EXAMPLE, example_names
 from rlhf_api.crd import openapi_schema
 from rlhf_api.paths import is_hub_id
 from rlhf_api.v1alpha1 import RLHFJob
+from rlhf_api.v1alpha1.runtime import CLUSTER_RUNTIME_KIND
 from rlhf_api.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 PREREQUISITES = EXAMPLES / "prerequisites"
+RUNTIMES = sorted((EXAMPLES / "runtimes").glob("*.yaml"))
 ARGOCD = ROOT / "manifests" / "argocd"
 CLUSTER_EXAMPLES = [p for p in example_jobs() if not p.name.endswith("-cpu-job.yaml")]
 PLACEHOLDER = "REPLACE-WITH-"  # the value a placeholder Secret holds instead of a credential
@@ -42,7 +44,8 @@ PLACEHOLDER = "REPLACE-WITH-"  # the value a placeholder Secret holds instead of
 SECRET_FIELDS = {"authSecretRef", "apiKeySecret", "usernameSecret", "passwordSecret", "tokenSecret",
                  "secretKeyRef", "secretRef"}
 CONFIG_MAP_FIELDS = {"configMapKeyRef", "configMapRef"}
-REFERENCE_FIELDS = {"fromJob", "pvc", "claimName", "configMap", "imagePullSecrets", *SECRET_FIELDS, *CONFIG_MAP_FIELDS}
+REFERENCE_FIELDS = {"fromJob", "runtimeRef", "pvc", "claimName", "configMap", "imagePullSecrets", *SECRET_FIELDS,
+                    *CONFIG_MAP_FIELDS}
 
 
 def references(value: Any) -> Iterator[tuple[str, str]]:
@@ -54,6 +57,8 @@ def references(value: Any) -> Iterator[tuple[str, str]]:
         for key, item in value.items():
             if key == "fromJob":
                 yield "RLHFJob", item["name"]
+            elif key == "runtimeRef":
+                yield item.get("kind", CLUSTER_RUNTIME_KIND), item["name"]
             elif key == "pvc":  # a model's {claimName}, or checkpoint.pvc's name
                 yield "PersistentVolumeClaim", item["claimName"] if isinstance(item, dict) else item
             elif key == "configMap":
@@ -87,13 +92,13 @@ def test_references_reads_every_field_of_the_api_that_names_an_object():
 
     def walk(schema: dict[str, Any]) -> None:
         for name, prop in (schema.get("properties") or {}).items():
-            if re.search(r"secret|configmap|pvc|claim|fromjob", name, re.I):
+            if re.search(r"secret|configmap|pvc|claim|fromjob|runtime", name, re.I):
                 found.add(name)
             walk(prop)
         if "items" in schema:
             walk(schema["items"])
 
-    walk(openapi_schema(RLHFJob))
+    walk(openapi_schema(RLHFJob)["properties"]["spec"])
     assert found and found <= REFERENCE_FIELDS, f"a field names an object that references() does not read: {found - REFERENCE_FIELDS}"
 
 
@@ -106,14 +111,16 @@ def test_a_cluster_example_names_only_what_its_folder_defines_or_documents(examp
         provided = {("PersistentVolumeClaim", models), ("PersistentVolumeClaim", checkpoints), ("ConfigMap", reward)}
     else:
         jobs = named([yaml.safe_load(p.read_text()) for p in example.parent.glob("*.yaml")])
-        provided = jobs | named(kustomize(PREREQUISITES)) | named([doc for _, doc in placeholders()])
-    assert named_here - provided == set(), f"{example.name} names what manifests/examples/prerequisites/ lacks"
+        runtimes = named([yaml.safe_load(p.read_text()) for p in RUNTIMES])
+        provided = jobs | runtimes | named(kustomize(PREREQUISITES)) | named([doc for _, doc in placeholders()])
+    assert named_here - provided == set(), f"{example.name} names what manifests/examples/ lacks"
 
 
 def test_the_examples_name_each_kind_of_prerequisite():
-    """references() is not blind: the examples between them name a claim, a ConfigMap, a Secret and an input job."""
+    """references() is not blind: the examples between them name a claim, a ConfigMap, a Secret, a runtime and an
+    input job."""
     kinds = {kind for p in CLUSTER_EXAMPLES for kind, _ in references(yaml.safe_load(p.read_text())["spec"])}
-    assert kinds == {"PersistentVolumeClaim", "ConfigMap", "Secret", "RLHFJob"}
+    assert kinds == {"PersistentVolumeClaim", "ConfigMap", "Secret", CLUSTER_RUNTIME_KIND, "RLHFJob"}
 
 
 def test_a_placeholder_says_how_to_make_its_secret_and_holds_no_credential():
@@ -127,11 +134,11 @@ def test_a_placeholder_says_how_to_make_its_secret_and_holds_no_credential():
 
 
 def test_the_prerequisites_and_the_cluster_examples_pass_admission(control_plane, namespace):
-    """As their comments say to apply them: the kustomization, a placeholder filled in, then each job."""
+    """As their comments say to apply them: the kustomization, a placeholder filled in, the runtimes, each job."""
     dry_run = ("apply", "--dry-run=server", "-n", namespace)
     made = control_plane.kubectl(*dry_run, "-k", str(PREREQUISITES)).stdout
     assert made.count("(server dry run)") == len(kustomize(PREREQUISITES)), made
-    files = [path for path, _ in placeholders()] + CLUSTER_EXAMPLES
+    files = [path for path, _ in placeholders()] + RUNTIMES + CLUSTER_EXAMPLES
     applied = control_plane.kubectl(*dry_run, *(arg for path in files for arg in ("-f", str(path)))).stdout
     assert applied.count("(server dry run)") == len(files), applied
 
