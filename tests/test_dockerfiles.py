@@ -59,8 +59,8 @@ def apt_packages(dockerfile: Path, device: str) -> set[str]:
     stub = "apt-get() { echo \"$*\"; }\ncommand_not_found_handle() { return 0; }\n"
     steps = [re.sub(r"^RUN (--\S+ )*", "", step) for step in images.instructions(dockerfile)
              if step.startswith("RUN ") and "apt-get" in step]
-    calls = subprocess.run([shutil.which("bash"), "-ec", stub + "\n".join(steps)], env={"DEVICE": device, "PATH": "/none"},
-                           capture_output=True, text=True, check=True).stdout
+    calls = subprocess.run([shutil.which("bash"), "-ec", stub + "\n".join(steps)],
+                           env={"DEVICE": device, "PATH": "/none"}, capture_output=True, text=True, check=True).stdout
     installed = set()
     for command, *words in (line.split() for line in calls.splitlines()):
         named = {word for word in words if not word.startswith("-")}
