@@ -39,13 +39,13 @@ from e2e.controlplane.cluster import POD_RUNTIME
 from e2e.controlplane.cli import main as controlplane
 from e2e.controlplane.errors import ControlPlaneError
 from e2e.storage import local_claim
+from rlhf_api import v1alpha1 as api
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "tiny-grpo-cluster-job.yaml"
 TINY = ROOT / "manifests" / "examples" / "tiny"  # `make demo` builds its model
 CHART = ROOT / "helm" / "rlhf-operator"
 RELEASE, RELEASE_NAMESPACE, NAMESPACE = "rlhf", "rlhf-system", "default"
-CRD = "rlhfjobs.rlhf.dev"
 
 
 def helm_install(cp: ControlPlane, operator_image: str, trainer_image: str, namespace: str,
@@ -63,11 +63,12 @@ def helm_install(cp: ControlPlane, operator_image: str, trainer_image: str, name
 
 def helm_install_released(cp: ControlPlane, chart: str, version: str, plain_http: bool, namespace: str,
                           values_file: Path) -> None:
-    """`helm install` of a released chart from its registry, with its own CRD and images: the control plane's
-    CRD (installed from crds/ at its start) is handed to the release first, as helm adopts an object."""
-    cp.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
-    cp.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
-               f"meta.helm.sh/release-namespace={namespace}", "--overwrite")
+    """`helm install` of a released chart from its registry, with its own CRDs and images: the control plane's
+    CRDs (installed from crds/ at its start) are handed to the release first, as helm adopts an object."""
+    crds = [name for name in cp.kubectl("get", "crd", "-o", "name").stdout.split() if name.endswith(f".{api.GROUP}")]
+    cp.kubectl("label", *crds, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cp.kubectl("annotate", *crds, f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={namespace}",
+               "--overwrite")
     _helm_install(cp, namespace, [chart, "--version", version, *(["--plain-http"] if plain_http else [])],
                   values_file, {})
 

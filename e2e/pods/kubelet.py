@@ -15,8 +15,10 @@ Its log endpoint (logs.py) serves `kubectl logs`. A pod's processes are all thos
 peak_rss records the most each pod's process tree held, sampled every half second.
 
 Each container runs in a writable copy of its image's filesystem (rootfs.py), from the suite's
-image store; an image that store lacks fails the pod (ErrImageNeverPull). Not played: pulling
-images, GPUs and other devices, resource enforcement (Ray sees CPU and
+image store; an image that store lacks is pulled into it as the container's imagePullPolicy says, with
+the kubelet's Pulling/Pulled events (under Never it fails the pod: ErrImageNeverPull). Not played:
+image pull secrets and back-off (a failed pull fails the pod: ErrImagePull), GPUs and other devices,
+resource enforcement (Ray sees CPU and
 memory as KubeRay writes them into `ray start`), liveness probes, sidecar and multi-container pods
 (such a pod fails), a hard open-files limit above this machine's.
 """
@@ -289,6 +291,7 @@ class Pod:
 
     def _launch(self, container: dict[str, Any], made: dict[str, volumes.Volume]) -> None:
         self._remove_rootfs()
+        self._pull(container)
         self.rootfs = rootfs.Rootfs(container["image"], f"{self.netns}-{container['name']}")
         image = self.rootfs.config
         self.who = who = users.identity(self.spec, container, self.rootfs.user(image.user))
@@ -313,6 +316,32 @@ class Pod:
                       f"(pod securityContext {self.spec.get('securityContext')}): {argv}\n")
         self.process = processes.launch(self.netns, self.name, script, who, argv, self.rootfs.path,
                                         container.get("workingDir", image.workdir), env, self.log)
+
+    def _pull(self, container: dict[str, Any]) -> None:
+        """The container's image into the node's store as its pull policy says (the API server defaults it)."""
+        image, policy = container["image"], container.get("imagePullPolicy", "IfNotPresent")
+        with rootfs.pulling(image):
+            if policy == "Always" or (policy == "IfNotPresent" and not rootfs.present(image)):
+                self._event(container, "Pulling", f'Pulling image "{image}"')
+                start = time.monotonic()
+                rootfs.pull(image)
+                self._event(container, "Pulled", f'Successfully pulled image "{image}" in {time.monotonic() - start:.3f}s')
+            elif policy == "IfNotPresent":
+                self._event(container, "Pulled", f'Container image "{image}" already present on machine')
+
+    def _event(self, container: dict[str, Any], reason: str, message: str) -> None:
+        """An Event about the container, as the kubelet records one: best effort, never the pod's failure (a
+        namespace being deleted refuses new objects)."""
+        field = "initContainers" if container in self.spec.get("initContainers", []) else "containers"
+        try:
+            self.kubelet.core.create_namespaced_event(self.namespace, {
+                "metadata": {"generateName": f"{self.name}.", "namespace": self.namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace, "name": self.name,
+                                   "uid": self.uid, "fieldPath": f"spec.{field}{{{container['name']}}}"},
+                "reason": reason, "message": message, "type": "Normal", "count": 1, "firstTimestamp": now(),
+                "lastTimestamp": now(), "source": {"component": "kubelet", "host": self.kubelet.node}})
+        except ApiException:
+            pass
 
     def _remove_rootfs(self) -> None:
         """The last container's writable layer: a container that restarts starts from its image again."""

@@ -2,8 +2,9 @@
 
 Each container (each restart too) gets a writable layer of its own over its image's, from the
 suite's image store (e2e/images: `buildah from --pull=never` + `buildah mount`, 0.1 s), removed
-when the container has exited. No registry is reachable: an image the store lacks fails the pod
-with ErrImageNeverPull, as a kubelet reports an absent image under `imagePullPolicy: Never`.
+when the container has exited. An image the store lacks is pulled into it first as its pull policy
+says (`pull`, from a registry on this machine's loopback: e2e/registry.py); one it may not pull fails
+the pod with ErrImageNeverPull, one that fails to pull with ErrImagePull, as a kubelet reports them.
 
 The image's config gives the defaults the kubelet merges with the container's spec (`command`
 replaces the Entrypoint and drops the Cmd, `args` replaces the Cmd; env adds to the image's; the
@@ -16,6 +17,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,38 @@ from e2e import images
 
 class ImageNotPresent(RuntimeError):
     reason = "ErrImageNeverPull"
+
+
+class ImagePullFailed(RuntimeError):
+    reason = "ErrImagePull"
+
+
+_pulls: dict[str, threading.Lock] = {}  # by image
+_pulls_lock = threading.Lock()
+
+
+@contextmanager
+def pulling(image: str) -> Iterator[None]:
+    """One pod at a time decides whether to pull an image: the others of a job, started together, wait
+    for its pull and find the image present."""
+    with _pulls_lock:
+        lock = _pulls.setdefault(image, threading.Lock())
+    with lock:
+        yield
+
+
+def present(image: str) -> bool:
+    return images.image_id(image) is not None
+
+
+def pull(image: str) -> None:
+    """The image from its registry into the suite's store. A registry on this machine's loopback speaks
+    plain HTTP (e2e/registry.py); any other is asked over TLS."""
+    plain_http = image.startswith("127.0.0.1:")
+    result = subprocess.run(["podman", "pull", "--quiet", *(["--tls-verify=false"] if plain_http else []), image],
+                            env=images.env(), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ImagePullFailed(f'failed to pull image "{image}": {result.stderr.strip()[-500:]}')
 
 
 @dataclass(frozen=True)
@@ -40,7 +76,7 @@ class ImageConfig:
         result = subprocess.run(["buildah", "inspect", "--type", "image", image], env=images.env(),
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            raise ImageNotPresent(f'image "{image}" is not present on the node and no registry is reachable '
+            raise ImageNotPresent(f'image "{image}" is not present on the node and its pull policy is Never '
                                   f"(build it: make images): {result.stderr.strip()[-300:]}")
         config = json.loads(result.stdout)["OCIv1"].get("config") or {}
         return cls(config.get("User", ""), dict(line.split("=", 1) for line in config.get("Env") or []),
