@@ -124,8 +124,9 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = {d["kind"] for d in docs}
     assert {"ServiceAccount", "Service", "Deployment"} <= kinds
-    # Scoped to namespaces: Roles there, nothing cluster-wide for the operator.
-    assert ("ClusterRoleBinding" in kinds) == (not VALUE_SETS[name].get("watchNamespaces"))
+    # Scoped to namespaces: Roles there, and cluster-wide only the reading of cluster runtimes (a cluster-scoped kind).
+    cluster_bindings = {d["metadata"]["name"].rsplit("-", 1)[-1] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert (cluster_bindings == {"runtimes"}) == bool(VALUE_SETS[name].get("watchNamespaces"))
     assert ("CustomResourceDefinition" in kinds) == VALUE_SETS[name].get("crds", {}).get("install", True)
     for ns in [RELEASE_NS, *VALUE_SETS[name].get("watchNamespaces", [])]:  # the operator's Roles live there
         control_plane.kubectl("create", "namespace", ns, check=False)
@@ -312,8 +313,9 @@ def test_helm_install_upgrade_uninstall_manages_the_crd(helm, release, tmp_path)
     # A CRD installed before (plain manifests, an older chart's crds/) is not Helm's: adopt it.
     refused = helm(*install, kubeconfig=kubeconfig, check=False)
     assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr, refused.stderr
-    cp.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
-    cp.kubectl("annotate", "crd", CRD, f"meta.helm.sh/release-name={RELEASE}",
+    crds = (CRD, "rlhfruntimes.rlhf.dev", "clusterrlhfruntimes.rlhf.dev")
+    cp.kubectl("label", "crd", *crds, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cp.kubectl("annotate", "crd", *crds, f"meta.helm.sh/release-name={RELEASE}",
                f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")
     notes = helm(*install, kubeconfig=kubeconfig).stdout.split("NOTES:\n", 1)[1]
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]

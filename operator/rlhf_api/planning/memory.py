@@ -11,8 +11,9 @@ and only then their KV cache. A job whose busiest GPU, or whose worker pod, cann
 The terms, per process on a GPU (bytes), and how each is calibrated:
 - weights: parameters (counted from config.json: exact for the architectures in _layer_params, tested against
   transformers' own models) x the dtype's bytes, split over the group's ranks under ZeRO-3;
-- a trained model's gradients (its dtype, split from ZeRO-2) and AdamW's state (fp32 master weights under
-  bf16, and two fp32 moments: 12 or 8 bytes per parameter, split from ZeRO-1; none with offloadOptimizer);
+- a trained model's gradients (its dtype, split from ZeRO-2) and AdamW's state (the fp32 copy of the weights
+  ZeRO's optimizer steps, kept even of float32 weights, and two fp32 moments: 12 bytes a parameter, 8 for
+  float32 weights at ZeRO-0, stepped in place; split from ZeRO-1; none with offloadOptimizer);
   LoRA trains adapters only, whose state is counted as nothing. Exact (byte counts of DeepSpeed's partitions);
 - at the optimizer step of 16-bit weights, the fp32 gradient partition DeepSpeed steps from (4 bytes a
   parameter, split from ZeRO-1): estimated from DeepSpeed's optimizer code, charged instead of the
@@ -303,7 +304,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             if training.offload_optimizer:
                 host["optimizer (offloaded)"] = shape.params * 16 // split(1)
             else:
-                held["optimizer"] = shape.params * (12 if training.bf16 and dtype == 2 else 8) // split(1)
+                held["optimizer"] = shape.params * (8 if dtype == 4 and training.zero_stage == 0 else 12) // split(1)
                 step = shape.params * 4 // split(1) if dtype == 2 else 0
             held["deepspeed buffers"] = deepspeed_buffers(dtype, training.autocasts(model.dtype))
         if ranks > 1:
