@@ -29,7 +29,6 @@ RESOURCES = {
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),  # read only: can every pod mount it
     "RLHFRuntime": (f"/apis/{api.API_VERSION}", "rlhfruntimes"),  # read only: a job's conventions (runtimes.py)
     "ClusterRLHFRuntime": (f"/apis/{api.API_VERSION}", "clusterrlhfruntimes"),  # cluster-scoped: namespace ""
-    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),  # leader election among replicas  # Kueue's admission unit of a queued RayJob
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
 }
