@@ -53,6 +53,10 @@ VALUE_SETS = {
                                "seccompProfile": {"type": "RuntimeDefault"}},
         "securityContext": {"runAsUser": 65532, "privileged": False},
         "podMonitor": {"enabled": True},
+        # a default runtime: its CRD is installed beside the chart here (crds.install false)
+        "defaultRuntime": {"name": "h100-infiniband", "trainerImages": {"cuda": "registry.example.com/t:1-cuda"},
+                           "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3", "rdma": {"hca": "=mlx5_0"}},
+                           "locked": ["rdma"]},
     },
     "monitoring": {  # as kube-prometheus-stack's selectors and Grafana's sidecar want them
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, "interval": "1m",
@@ -128,6 +132,7 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
     cluster_bindings = {d["metadata"]["name"].rsplit("-", 1)[-1] for d in docs if d["kind"] == "ClusterRoleBinding"}
     assert (cluster_bindings == {"runtimes"}) == bool(VALUE_SETS[name].get("watchNamespaces"))
     assert ("CustomResourceDefinition" in kinds) == VALUE_SETS[name].get("crds", {}).get("install", True)
+    assert ("ClusterRLHFRuntime" in kinds) == bool(VALUE_SETS[name].get("defaultRuntime"))
     for ns in [RELEASE_NS, *VALUE_SETS[name].get("watchNamespaces", [])]:  # the operator's Roles live there
         control_plane.kubectl("create", "namespace", ns, check=False)
     result = control_plane.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server",
