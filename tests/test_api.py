@@ -293,3 +293,37 @@ def test_a_rule_that_cannot_be_evaluated_refuses_the_job_as_the_api_server_does(
     (error,) = refused.value.errors
     assert error.path == "spec" and "each rollout must split into whole optimizer steps" in error.message
     assert "cannot be evaluated" in error.message
+
+
+# The network fields (issue 52, item 3), each case as a real API server with the generated CRD answered it.
+NETWORK_CASES = [
+    # (spec.resources, the refused field or None, words of the refusal)
+    ({"gpusPerNode": 8, "hostNetwork": True, "podLabels": {"team": "a", "example.com/cost-centre": "x-1"},
+      "podAnnotations": {"example.com/owner": "{\"name\": \"ana\"}"},
+      "worker": {"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "roce-net"}},
+      "rdma": {"hca": "=mlx5_0:1,mlx5_1:1", "gidIndex": 3, "trafficClass": 106}}, None, ""),
+    ({"gpusPerNode": 8, "rdma": {"hca": "^=mlx5_2"}}, None, ""),
+    ({"gpusPerNode": 8, "rdma": {"hca": "mlx5_0:a"}}, "spec.resources.rdma.hca", "in NCCL's syntax"),
+    ({"gpusPerNode": 8, "rdma": {"trafficClass": 256}}, "spec.resources.rdma.trafficClass", "less than or equal to 255"),
+    ({"podLabels": {"-team": "a"}}, "spec.resources.podLabels", "each label key is a name"),
+    ({"podLabels": {"a" * 64: "a"}}, "spec.resources.podLabels", "each label key is a name"),
+    ({"podLabels": {"Example.com/team": "a"}}, "spec.resources.podLabels", "each label key is a name"),
+    ({"podAnnotations": {"a" * 254 + "/b": "a"}}, "spec.resources.podAnnotations", "each annotation key is a name"),
+    ({"podLabels": {"team": "-a"}}, "spec.resources.podLabels.team", "has the wrong form"),
+    ({"podLabels": {"rlhf.dev/job": "other"}}, "spec.resources.podLabels", "the operator sets the labels"),
+    ({"worker": {"podAnnotations": {"rlhf.dev/job-name": "other"}}}, "spec.resources.worker.podAnnotations",
+     "the operator sets the annotations"),
+    ({"gpusPerNode": 0, "hostNetwork": True}, "spec.resources.hostNetwork", "hostNetwork is for NCCL between GPU workers"),
+]
+
+
+@pytest.mark.parametrize("resources,field,words", NETWORK_CASES, ids=lambda v: repr(v)[:60])
+def test_network_fields_are_admitted_as_the_api_server_admits_them(resources, field, words):
+    manifest = yaml.safe_load((ROOT / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    manifest["spec"]["resources"] |= resources
+    if field is None:
+        validate(manifest)
+        return
+    with pytest.raises(InvalidJob) as refused:
+        validate(manifest)
+    assert [(e.path, words in e.message) for e in refused.value.errors] == [(field, True)], refused.value.errors

@@ -18,12 +18,22 @@ REWARD_FUNCTIONS_DIR = f"{JOB_CONFIG_DIR}/rewards"
 ENVIRONMENT_CODE_DIR = f"{JOB_CONFIG_DIR}/environment"
 # models.<field>.pvc is mounted (at its subPath) on MODELS_DIR/<field>; models.<field>.path is inside it.
 MODELS_DIR = "/mnt/models"
+# resources.modelCache's claim is mounted here on every Ray pod, with HF_HOME_ENV pointing at it: huggingface_hub
+# (transformers, vLLM) and datasets keep their caches under HF_HOME, so hub downloads land on the claim.
+MODEL_CACHE_DIR = "/mnt/hf-cache"
+HF_HOME_ENV = "HF_HOME"
 
 # The trainer image's user and group (trainer_image/Dockerfile: useradd --uid 1000): every pod runs
 # as them, its volumes group-owned by it (fsGroup), so that the user can write a root-owned claim.
 TRAINER_UID = 1000
 # The pod network's interface in every CNI's pods: the GPU workers' NCCL and Gloo sockets use it.
 POD_INTERFACE = "eth0"
+# The labels and annotations the operator sets on the Ray pods (rlhf_operator.names and render: it finds a job's
+# pods by them, Kueue reads its topology request from them): resources.podLabels and podAnnotations may not set
+# them, which admission refuses.
+OPERATOR_POD_LABELS = ("app.kubernetes.io/managed-by", "rlhf.dev/job", "rlhf.dev/role")
+OPERATOR_POD_ANNOTATIONS = ("rlhf.dev/job-name", "kueue.x-k8s.io/podset-required-topology",
+                            "kueue.x-k8s.io/podset-preferred-topology")
 # Set on GPU workers of a job with resources.rdma (the adapters NCCL uses); the ranks then check that
 # they may lock the memory NCCL registers with those adapters (rlhf_trainer.node_checks), and warn if not...
 RDMA_ADAPTERS_ENV = "NCCL_IB_HCA"

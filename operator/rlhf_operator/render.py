@@ -32,6 +32,7 @@ TRAINER_IMAGE_ENV = {"cpu": "RLHF_TRAINER_IMAGE_CPU", "cuda": "RLHF_TRAINER_IMAG
 DEFAULT_TRAINER_REPOSITORY = "ghcr.io/rlhf-operator/trainer"
 VERSION = version("rlhf-operator")
 RAY_METRICS_PORT = 8080  # Ray's own metrics: named apart from the trainer's (contract.METRICS_PORT_NAME)
+RAY_DASHBOARD_AGENT_PORT = 52365  # every Ray node's dashboard agent (Ray's default, fixed)
 ENTRYPOINT = f"rlhf run {contract.JOB_CONFIG_PATH}"
 # `ray start`, each Ray pod's first process, answers the kubelet's SIGTERM by draining its node: tasks
 # under way may finish, for up to this many seconds (Ray's default is 30). It does not wait for actors
@@ -50,6 +51,7 @@ RAY_JOB_STOP_ENV = {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(contract.TE
 # would see every GPU of the node. "void" is the NVIDIA container toolkit's value that hides them all.
 # GPU workers are left alone: the device plugin sets the variable to the GPUs it allotted.
 NO_GPUS_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # the node's name: a topology key whose domain is one node
 
 
 def trainer_image(resources: api.ResourcesSpec) -> str:
@@ -172,6 +174,7 @@ def _nccl_env(rdma: api.RDMASpec | None) -> list[dict[str, Any]]:
             "NCCL_SOCKET_IFNAME": rdma.socket_ifname,
             "NCCL_NET_GDR_LEVEL": rdma.gdr_level,
             "NCCL_IB_GID_INDEX": None if rdma.gid_index is None else str(rdma.gid_index),
+            "NCCL_IB_TC": None if rdma.traffic_class is None else str(rdma.traffic_class),
             "NCCL_DEBUG": rdma.nccl_debug,
             contract.REQUIRE_LOCKED_MEMORY_ENV: "true" if rdma.require_locked_memory else None,
         }
@@ -207,7 +210,20 @@ def _volumes(job: api.RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
         # Each job its own directory of a shared claim: resume and `keep` pruning see only its own.
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc}})
         mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path, "subPath": job.metadata["name"]})
+    cache = spec.resources.model_cache
+    if cache:
+        # Shared by jobs and attempts (not per job, unlike checkpoints): what one downloaded the next reads.
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.pvc}})
+        mount = {"name": "model-cache", "mountPath": contract.MODEL_CACHE_DIR}
+        if cache.sub_path:
+            mount["subPath"] = cache.sub_path
+        mounts.append(mount)
     return volumes, mounts
+
+
+def _cache_env(resources: api.ResourcesSpec) -> list[dict[str, Any]]:
+    """HF_HOME on the model cache: transformers, vLLM (both through huggingface_hub) and datasets download there."""
+    return [{"name": contract.HF_HOME_ENV, "value": contract.MODEL_CACHE_DIR}] if resources.model_cache else []
 
 
 def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict[str, Any]:
@@ -257,9 +273,28 @@ def _pod_spec(job: api.RLHFJob, containers: list[dict[str, Any]], account: str |
     return {**pod, **{key: value for key, value in fields.items() if value}}
 
 
+def _head_scheduling(job: api.RLHFJob, volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the head may run. A job of one node that mounts a claim has its head on the worker's node, so that
+    a ReadWriteOnce claim (kind, a single GPU box, EKS's and GKE's default storage classes) serves both pods:
+    required affinity to its worker pod, and so the worker's tolerations (the GPU taint). KubeRay creates the
+    head first: the scheduler holds it until the worker is placed."""
+    resources = job.spec.resources
+    if resources.nodes > 1 or not any("persistentVolumeClaim" in volume for volume in volumes):
+        return _scheduling(resources)
+    placed = _scheduling(resources, gpu_workers=resources.gpus_per_node > 0)
+    affinity = dict(placed.get("affinity") or {})
+    pod = dict(affinity.get("podAffinity") or {})
+    worker = {"labelSelector": {"matchLabels": names.pod_metadata(job.metadata["name"], "worker")["labels"]},
+              "topologyKey": HOSTNAME_LABEL}
+    pod["requiredDuringSchedulingIgnoredDuringExecution"] = [
+        *pod.get("requiredDuringSchedulingIgnoredDuringExecution", []), worker]
+    affinity["podAffinity"] = pod
+    return {**placed, "affinity": affinity}
+
+
 def _ray_pod_spec(job: api.RLHFJob, container: dict[str, Any], volumes: list[dict[str, Any]],
-                  account: str | None = None, gpu_workers: bool = False) -> dict[str, Any]:
-    return _pod_spec(job, [container], account, volumes=volumes, **_scheduling(job.spec.resources, gpu_workers),
+                  scheduling: dict[str, Any], account: str | None = None) -> dict[str, Any]:
+    return _pod_spec(job, [container], account, volumes=volumes, **scheduling,
                      terminationGracePeriodSeconds=contract.TERMINATION_GRACE_SECONDS)
 
 
@@ -307,8 +342,8 @@ def _container(job: api.RLHFJob, name: str, env: list[dict[str, Any]], mounts: l
 def _head_group(job: api.RLHFJob) -> dict[str, Any]:
     head = job.spec.resources.head
     volumes, mounts = _volumes(job)
-    container = _container(job, "ray-head", [*_driver_env(job), dict(NO_GPUS_ENV)], mounts,
-                           {"cpu": head.cpu, "memory": head.memory})
+    env = [*_driver_env(job), dict(NO_GPUS_ENV), *_cache_env(job.spec.resources)]
+    container = _container(job, "ray-head", env, mounts, {"cpu": head.cpu, "memory": head.memory})
     # KubeRay builds the head Service from these ports once any is named, so Ray's are listed too.
     container["ports"] = [
         {"name": "gcs-server", "containerPort": 6379},
@@ -323,8 +358,9 @@ def _head_group(job: api.RLHFJob) -> dict[str, Any]:
         # or engine is placed there, every one goes to the workers (Ray counts their CPU limits).
         "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {
-            "metadata": names.pod_metadata(job.metadata["name"], "head"),
-            "spec": _ray_pod_spec(job, container, volumes, account=names.trainer(job.metadata["name"])),
+            "metadata": _ray_pod_metadata(job, "head", job.spec.resources.pod_annotations or {}),
+            "spec": _ray_pod_spec(job, container, volumes, _head_scheduling(job, volumes),
+                                  account=names.trainer(job.metadata["name"])),
         },
     }
 
@@ -378,9 +414,18 @@ TOPOLOGY_ANNOTATIONS = {"Required": "kueue.x-k8s.io/podset-required-topology",
                         "Preferred": "kueue.x-k8s.io/podset-preferred-topology"}
 
 
+def _ray_pod_metadata(job: api.RLHFJob, role: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The user's labels and annotations under the operator's own (admission refuses a user key of ours)."""
+    ours = names.pod_metadata(job.metadata["name"], role)
+    return {"labels": {**(job.spec.resources.pod_labels or {}), **ours["labels"]},
+            "annotations": {**annotations, **ours["annotations"]}}
+
+
 def _worker_metadata(job: api.RLHFJob) -> dict[str, Any]:
-    metadata = names.pod_metadata(job.metadata["name"], "worker")
-    topology = job.spec.resources.topology
+    resources = job.spec.resources
+    annotations = {**(resources.pod_annotations or {}), **(resources.worker.pod_annotations or {})}
+    metadata = _ray_pod_metadata(job, "worker", annotations)
+    topology = resources.topology
     if topology:
         metadata["annotations"][TOPOLOGY_ANNOTATIONS[topology.mode]] = topology.level
     return metadata
@@ -397,11 +442,20 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         env = [*_nccl_env(resources.rdma), dict(GCS_GONE_ENV)]
     if resources.rdma:
         limits[resources.rdma.resource_name] = str(resources.rdma.resource_count)
-    container = _container(job, "ray-worker", env, mounts, limits)
+    container = _container(job, "ray-worker", [*env, *_cache_env(resources)], mounts, limits)
     # No IPC_LOCK with RDMA: a capability added to a container whose user is not root never becomes
     # effective (Kubernetes grants no ambient capabilities), so NCCL's registered (locked) memory comes
     # from the memlock limit the node's container runtime gives, which the ranks check at start.
     container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", WAIT_FOR_HEAD]}}}
+    pod_fields = _scheduling(resources, gpu_workers=gpus)
+    if resources.host_network:
+        # Ray's fixed ports held on the node: the scheduler then places no second Ray pod on the host network
+        # there (of any job), whose ports would clash. KubeRay adds the metrics one anyway; on the host network
+        # the API server would make each a host port.
+        container["ports"] = [{"name": "metrics", "containerPort": RAY_METRICS_PORT, "hostPort": RAY_METRICS_PORT},
+                              {"name": "dashboard-agent", "containerPort": RAY_DASHBOARD_AGENT_PORT,
+                               "hostPort": RAY_DASHBOARD_AGENT_PORT}]
+        pod_fields |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}  # the head's Service by name
 
     nodes = resources.nodes
     return {
@@ -413,7 +467,7 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
         "rayStartParams": {"num-gpus": str(resources.gpus_per_node)},
         "template": {
             "metadata": _worker_metadata(job),
-            "spec": _ray_pod_spec(job, container, volumes, gpu_workers=gpus),
+            "spec": _ray_pod_spec(job, container, volumes, pod_fields),
         },
     }
 
