@@ -9,6 +9,7 @@ workers. Every child is owned by the job, so deleting the job deletes them.
 
 from __future__ import annotations
 
+import copy
 import os
 from importlib.metadata import version
 from typing import Any
@@ -230,14 +231,16 @@ def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict
     """Where a pod may run: the user's node selector, tolerations and affinity (every pod, so that a
     cluster whose every node is tainted still runs the head and the submitter), and for GPU workers
     the GPU taint tolerated and the GPU product required."""
-    tolerations = list(resources.tolerations)
+    # Copies: each pod its own objects (one object in several pods' specs is one change away from all of them).
+    tolerations = copy.deepcopy(resources.tolerations)
     if gpu_workers:
         # GPU pools are tainted with the GPU resource name (nvidia.com/gpu) by every major provider.
         gpu_toleration = {"key": resources.gpu_resource_name, "operator": "Exists"}
         if gpu_toleration not in tolerations:
             tolerations.insert(0, gpu_toleration)
     affinity = _worker_affinity(resources) if gpu_workers else resources.affinity
-    fields = {"nodeSelector": dict(resources.node_selector), "tolerations": tolerations, "affinity": affinity}
+    fields = {"nodeSelector": dict(resources.node_selector), "tolerations": tolerations,
+              "affinity": copy.deepcopy(affinity)}
     return {key: value for key, value in fields.items() if value}
 
 

@@ -13,6 +13,7 @@ from operator_jobs import EXAMPLES, NAMESPACE, UID, as_job, load_example, tiny
 from rlhf_operator import names, render
 from rlhf_api import contract
 from rlhf_api import v1alpha1 as api
+from rlhf_api.runtimes import applied
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -23,7 +24,12 @@ def test_rendered_ray_job_matches_golden(example: Path, monkeypatch):
     installation's, named apart from the version so that a release leaves the golden files alone."""
     for device, variable in render.TRAINER_IMAGE_ENV.items():
         monkeypatch.setenv(variable, f"registry.example.com/rlhf/trainer:X.Y.Z-{device}")
-    rendered = yaml.safe_dump(render.ray_job(as_job(yaml.safe_load(example.read_text()))), sort_keys=False)
+    job = as_job(yaml.safe_load(example.read_text()))
+    if job.spec.runtime_ref:  # as the operator makes it: completed by the runtime beside it (examples/runtimes/)
+        runtime = api.RLHFRuntime.model_validate(yaml.safe_load(
+            (example.parent / "runtimes" / f"{job.spec.runtime_ref.name}.yaml").read_text()))
+        job = job.model_copy(update={"spec": applied(job.spec, runtime.spec)})
+    rendered = yaml.safe_dump(render.ray_job(job), sort_keys=False)
     golden = GOLDEN / f"{example.stem}.rayjob.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(rendered)
