@@ -62,9 +62,10 @@ def _cpu_node() -> str:
 
 
 def local_claim(core: Any, namespace: str, claim: str, directory: Path, size: str = "1Gi",
-                access_modes: tuple[str, ...] = ("ReadWriteMany",), node: str | None = None) -> Path:
+                access_modes: tuple[str, ...] = ("ReadWriteMany",), node: str | tuple[str, ...] | None = None) -> Path:
     """A `local` PersistentVolume on `directory` (created) of `node` (default kwok's CPU node, where a
-    test's head pod runs) and the claim `claim` Bound to it; returns directory.
+    test's head pod runs; several nodes stand for a disk any of them can attach, as a zonal cloud disk)
+    and the claim `claim` Bound to it; returns directory.
 
     The claim names its volume (spec.volumeName), so the real PV controller binds the two at once.
     The volume is owned by the namespace: the garbage collector deletes it with the test's namespace.
@@ -72,7 +73,8 @@ def local_claim(core: Any, namespace: str, claim: str, directory: Path, size: st
     directory.mkdir(parents=True, exist_ok=True)
     owner = core.read_namespace(namespace).metadata
     volume_name = f"{namespace}-{claim}"
-    node_term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node or _cpu_node()]}]}
+    nodes = [node] if isinstance(node, str) else list(node or [_cpu_node()])
+    node_term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
     core.create_persistent_volume({
         "metadata": {"name": volume_name, "ownerReferences": [
             {"apiVersion": "v1", "kind": "Namespace", "name": owner.name, "uid": owner.uid}]},

@@ -3,9 +3,11 @@
 A job's claims are mounted by its head and every worker pod, on different nodes. A claim only one
 node at a time can attach (ReadWriteOnce, ReadWriteOncePod) left the pods in Multi-Attach errors and
 the job Provisioning forever: the operator now refuses it, saying what to use, before it creates the
-RayJob (the claims are `local` volumes, e2e/storage.py, bound by the real PV controller). And the
-pods real KubeRay makes from the RayJob run as the image's user, own their volumes by its group,
-and only the head, where the driver runs, holds an API token.
+RayJob (the claims are `local` volumes, e2e/storage.py, bound by the real PV controller). A job of one
+node may use a ReadWriteOnce claim: its head is placed on its worker's node, here by the real scheduler
+on a tainted kwok GPU node. And the pods real KubeRay makes from the RayJob run as
+the image's user, own their volumes by its group, and only the head, where the driver runs, holds an
+API token.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rlhf_api import contract
 from rlhf_operator import names
 
 WORKERS = 2
+GPU_NODES = ("kwok-gpu-h100-0", "kwok-gpu-a100-0")  # e2e/kwok/nodes.yaml
 
 
 def job_on_claims(name: str, checkpoint: str, model: str | None = None) -> dict:
@@ -51,6 +54,42 @@ def test_a_model_claim_one_node_at_a_time_fails_the_job(kube, kube_api, namespac
     status = wait_phase(kube, namespace, "model-rwo", "Failed", "VolumeNotShared")["status"]
     assert status["message"].startswith("spec.models.actor.pvc: claim weights is ReadWriteOnce:")
     assert "use a ReadWriteMany or ReadOnlyMany claim" in status["message"]
+
+
+def test_claims_the_job_s_pods_cannot_share_fail_it_before_its_ray_job(kube, kube_api, namespace, operator, tmp_path):
+    """ReadWriteOncePod for a job of one node: its head and worker are two pods. ReadWriteOnce for a model cache
+    of several nodes: every pod downloads into it."""
+    local_claim(kube_api.core, namespace, "one-pod", tmp_path / "one-pod", access_modes=("ReadWriteOncePod",))
+    local_claim(kube_api.core, namespace, "one-node", tmp_path / "one-node", access_modes=("ReadWriteOnce",))
+    operator.start()
+    create_job(kube, namespace, rlhf_job("rwop", checkpoint={"pvc": "one-pod", "path": "/checkpoints"},
+                                         resources={"nodes": 1}))
+    create_job(kube, namespace, rlhf_job("cache", resources={"nodes": WORKERS, "modelCache": {"pvc": "one-node"}}))
+    for name, says in [("rwop", "spec.checkpoint.pvc: claim one-pod is ReadWriteOncePod: the head and the worker pod"),
+                       ("cache", f"spec.resources.modelCache.pvc: claim one-node is ReadWriteOnce: the head and "
+                                 f"{WORKERS} worker pods")]:
+        status = wait_phase(kube, namespace, name, "Failed", "VolumeNotShared")["status"]
+        assert status["message"].startswith(says), status["message"]
+        assert kube.get("RayJob", namespace, names.ray_job(name)) is None
+
+
+def test_a_one_node_job_on_read_write_once_claims_runs_its_head_on_its_worker_s_node(
+        kube, kube_api, namespace, kuberay_operator, operator, tmp_path):
+    """The volumes stand for zonal disks that either of kwok's GPU nodes can attach: the scheduler puts the
+    worker on one of them, and the head, which requests no GPU, beside it on that tainted node."""
+    for claim in ("checkpoints", "weights", "hf-cache"):
+        local_claim(kube_api.core, namespace, claim, tmp_path / claim, access_modes=("ReadWriteOnce",), node=GPU_NODES)
+    operator.start()
+    job = rlhf_job("one-node", checkpoint={"pvc": "checkpoints", "path": "/checkpoints"},
+                   resources={"nodes": 1, "gpusPerNode": 1, "modelCache": {"pvc": "hf-cache"}})
+    job["spec"]["models"]["actor"]["pvc"] = {"claimName": "weights"}
+    create_job(kube, namespace, job)
+    placed = {role: wait_for(lambda r=role: next((p for p in pods(kube, namespace, "one-node", r)
+                                                  if p["spec"].get("nodeName")), None), 120, f"the {role} pod placed")
+              for role in ("worker", "head")}
+    assert placed["worker"]["spec"]["nodeName"] in GPU_NODES
+    assert placed["head"]["spec"]["nodeName"] == placed["worker"]["spec"]["nodeName"]
+    assert get_job(kube, namespace, "one-node").get("status", {}).get("phase") != "Failed"
 
 
 def test_claims_every_pod_can_mount_get_their_ray_job(kube, kube_api, namespace, operator, tmp_path):

@@ -91,21 +91,26 @@ class RayState:
 
 
 def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
-              node: str, image: str | None, interval: int = INTERVAL, **spec) -> Path:
+              node: str, image: str | None, interval: int = INTERVAL, one_node: bool = False, **spec) -> Path:
     """The tiny GRPO job on a head and two CPU worker pods of the runtime's `node`, from `image` (None: the
     operator's trainer image): the model and the prompts on a claim of that node, the checkpoints on another, which every
-    pod mounts; returns the checkpoint volume's directory."""
-    models = local_claim(core, namespace, "models", tmp_path / "models-volume", node=node)
+    pod mounts; returns the checkpoint volume's directory. one_node: one worker pod (both actor ranks and the
+    engine) and ReadWriteOnce claims, as a single box or a cloud's default storage class has them."""
+    modes = ("ReadWriteOnce",) if one_node else ("ReadWriteMany",)
+    models = local_claim(core, namespace, "models", tmp_path / "models-volume", access_modes=modes, node=node)
     shutil.copytree(tiny_model, models / "tiny")
     shutil.copytree(EXAMPLE.parent / "tiny", models / "data")
-    checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", node=node)
+    checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", access_modes=modes,
+                              node=node)
     job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
                         checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
     manifest = yaml.safe_load(job_file.read_text())
     manifest["spec"]["data"]["prompts"]["sources"][0]["path"] = f"{model_mount('actor')}/data/prompts.jsonl"
     manifest["spec"]["resources"] = {
-        **({"image": image} if image else {}), "nodes": 2, "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"}, "worker": {"cpu": "2", "memory": "5Gi"},
+        **({"image": image} if image else {}), "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"},
+        **({"nodes": 1, "worker": {"cpu": "3", "memory": "6Gi"}} if one_node else
+           {"nodes": 2, "worker": {"cpu": "2", "memory": "5Gi"}}),
         "shmSize": "1Gi", "nodeSelector": {NODE_LABEL: "true"},
         "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}
     manifest["spec"].update(spec)
@@ -337,7 +342,8 @@ def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_
     """`helm install` of the chart with the operator image the suite built, two replicas on the runtime's
     node, and the built trainer image as the chart's CPU trainer: the leader pod is SIGKILLed once it
     has created the job's RayJob, the standby takes the Lease over and the job, which names no image,
-    ends Succeeded with one RayJob."""
+    ends Succeeded with one RayJob. The job is one node's, on ReadWriteOnce claims (issue 52): its head
+    is scheduled beside its worker and both mount them."""
     release_namespace = f"{namespace}-op"  # the operator's own namespace, as a cluster would have it
     helm_install(control_plane, operator_image, trainer_image, release_namespace, {
         "watchNamespaces": [namespace], "replicas": 2,
@@ -354,7 +360,8 @@ def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_
             and pods, 300, "both operator pods Ready")
         assert {p.spec.containers[0].image for p in operators} == {operator_image}
         started = time.monotonic()
-        apply_job(control_plane, core, namespace, tmp_path, tiny_model, "chart", STEPS, pod_runtime.node, None)
+        checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "chart", STEPS,
+                                pod_runtime.node, None, one_node=True)
         # Killed once the leader has created the job's RayJob: the standby takes over while the Ray cluster
         # starts, and reconciles the job from there to its end (the tiny job runs in well under a minute).
         wait_for(lambda: get_job(kube, namespace, "chart").get("status", {}).get("rayJobName"), 600,
@@ -368,6 +375,7 @@ def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_
         rayjobs = kube.list("RayJob", namespace, "")
         assert len(rayjobs) == 1 and rayjobs[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
             "containers"][0]["image"] == trainer_image
+        assert (checkpoints / "chart" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
     finally:
         subprocess.run([*helm, "uninstall", RELEASE, "--wait"], capture_output=True)
         kube_api.core.delete_namespace(release_namespace)

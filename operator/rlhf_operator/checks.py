@@ -59,32 +59,39 @@ def check_gpus(spec: api.RLHFJobSpec) -> None:
 
 
 # Access modes under which pods on several nodes may mount a claim at once: the head and every worker
-# write the checkpoint claim, and read a model's (mounted readOnly).
+# write the checkpoint and model cache claims, and read a model's (mounted readOnly).
 WRITTEN_BY_ALL = ("ReadWriteMany",)
 READ_BY_ALL = ("ReadWriteMany", "ReadOnlyMany")
+# A job of one node has its head on the worker's node (render._head_scheduling): a claim one node attaches
+# will do. Not ReadWriteOncePod: the head and the worker are two pods.
+ONE_NODE = "ReadWriteOnce"
 
 
 def check_claims(spec: api.RLHFJobSpec, claim: Callable[[str], dict[str, Any] | None]) -> None:
-    """The head and the workers mount the job's claims on different nodes: a claim only one node may
-    attach (ReadWriteOnce, ReadWriteOncePod) would leave the pods in Multi-Attach errors forever.
+    """The head and every worker mount the job's claims, on different nodes unless the job has one: a claim
+    they cannot all attach would leave the pods in Multi-Attach errors (or Pending) forever.
     A claim that does not exist yet is the scheduler's to report (the job's status gives its reason)."""
     claims = [(f"spec.models.{role}.pvc", model.pvc.claim_name, READ_BY_ALL)
               for role, model in spec.models if model is not None and model.pvc is not None]
     if spec.checkpoint.pvc:
         claims.append(("spec.checkpoint.pvc", spec.checkpoint.pvc, WRITTEN_BY_ALL))
+    if spec.resources.model_cache:
+        claims.append(("spec.resources.modelCache.pvc", spec.resources.model_cache.pvc, WRITTEN_BY_ALL))
+    workers = spec.resources.nodes
     for field, name, shared in claims:
         found = claim(name)
         if found is None:
             continue
         # Those of the volume it is bound to, else those it asks for.
         modes = (found.get("status") or {}).get("accessModes") or found["spec"].get("accessModes") or []
-        if modes and not set(modes) & set(shared):
-            workers = spec.resources.nodes
+        usable = shared if workers > 1 else (*shared, ONE_NODE)
+        if modes and not set(modes) & set(usable):
+            where = (f"the head and {workers} worker pods mount it on different nodes" if workers > 1 else
+                     "the head and the worker pod both mount it, on the worker's node")
             raise Unrealisable(
                 "VolumeNotShared",
-                f"{field}: claim {name} is {', '.join(modes)}: the head and {workers} worker pod"
-                f"{'s' if workers > 1 else ''} mount it on different nodes; use a {' or '.join(shared)} claim "
-                "(NFS, CephFS, Filestore, EFS, Lustre...)")
+                f"{field}: claim {name} is {', '.join(modes)}: {where}; use a {' or '.join(usable)} claim"
+                + (" (NFS, CephFS, Filestore, EFS, Lustre...)" if workers > 1 else ""))
 
 
 def check_code_config_maps(job: api.RLHFJob, config_map_exists: Callable[[str], bool], waited: float) -> None:

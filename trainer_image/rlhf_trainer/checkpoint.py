@@ -64,7 +64,7 @@ def require_shared(root: Path, group: PlacementGroup) -> None:
             f"checkpoint.path {root} is not one directory shared by the Ray nodes: the nodes "
             f"{', '.join(unshared)} do not see it as the driver does, yet their ranks write checkpoint shards "
             "there. Put it on storage every node mounts: in a cluster set checkpoint.pvc to a ReadWriteMany "
-            "claim; outside one, a shared filesystem")
+            "claim (ReadWriteOnce will do for a job of one node); outside one, a shared filesystem")
 
 
 def _write_back(root: str, token: str, node: str) -> str:
