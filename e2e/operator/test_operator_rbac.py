@@ -88,8 +88,12 @@ def lifecycle(kube: Kube, namespace: str, queue: str) -> None:
     kube.patch(api.KIND, namespace, "queued", {"spec": {"suspend": False}})
     wait_admitted(kube, namespace, "queued")
 
-    # Not queued: the operator suspends its RayJob itself. Its checkpoint claim is read (access modes).
-    create_job(kube, namespace, rlhf_job("plain", checkpoint={"pvc": "rlhf-checkpoints"}))
+    # Not queued: the operator suspends its RayJob itself. Its checkpoint claim is read (access modes), and its
+    # runtime by name (the queued job's lookup of a default listed them).
+    kube.create({"apiVersion": api.API_VERSION, "kind": "ClusterRLHFRuntime", "metadata": {"name": namespace},
+                 "spec": {"resources": {"shmSize": "2Gi"}}})
+    create_job(kube, namespace, rlhf_job("plain", checkpoint={"pvc": "rlhf-checkpoints"},
+                                         runtimeRef={"name": namespace}))
     wait_phase(kube, namespace, "plain", "Provisioning", timeout=TIMEOUT)
     deleted = kube.get("RayJob", namespace, "plain")["metadata"]["uid"]
     kube.delete("RayJob", namespace, "plain", deleted)
@@ -98,8 +102,10 @@ def lifecycle(kube: Kube, namespace: str, queue: str) -> None:
     kube.patch(api.KIND, namespace, "plain", {"spec": {"suspend": True}})
     wait_phase(kube, namespace, "plain", "Suspended", "Suspended", timeout=TIMEOUT)
 
+    kube.create({"apiVersion": api.API_VERSION, "kind": "RLHFRuntime", "metadata": {"name": "team", "namespace": namespace},
+                 "spec": {"resources": {"nodeSelector": {"rlhf.dev/nowhere": "true"}}}})
     create_job(kube, namespace, rlhf_job("short", activeDeadlineSeconds=3600, ttlSecondsAfterFinished=1,
-                                         resources={"nodeSelector": {"rlhf.dev/nowhere": "true"}}))
+                                         runtimeRef={"kind": "RLHFRuntime", "name": "team"}))
     # Shortened once it has run for a second: the operator's deadline has passed and the RayJob's
     # (KubeRay's, still 3600 s) has not, so the operator fails the job and deletes the RayJob itself
     # (with 1 s from the start, KubeRay's own deadline sometimes ended the attempt first).
@@ -124,7 +130,9 @@ def test_the_chart_grants_exactly_what_a_lifecycle_uses(helm, control_plane, kub
     release = f"rbac-{scope}"
     values = {"watchNamespaces": [namespace]} if scope == "namespaced" else {}
     docs = install_rbac(helm, control_plane, tmp_path, release, values)
-    assert any(d["kind"] == "ClusterRole" for d in docs) == (scope == "cluster")
+    # cluster-wide either way: reading cluster runtimes (a cluster-scoped kind)
+    assert any(d["kind"] == "ClusterRole" and not d["metadata"]["name"].endswith("-runtimes")
+               for d in docs) == (scope == "cluster")
 
     operator = OperatorProcess(control_plane, namespace if scope == "namespaced" else None, tmp_path,
                                kubeconfig=token_kubeconfig(control_plane, release, tmp_path / "kubeconfig"))
@@ -135,6 +143,8 @@ def test_the_chart_grants_exactly_what_a_lifecycle_uses(helm, control_plane, kub
     finally:
         _delete_jobs(kube, namespace, operator)
         operator.stop()
+        if runtime := kube.get("ClusterRLHFRuntime", "", namespace):
+            kube.delete("ClusterRLHFRuntime", "", namespace, runtime["metadata"]["uid"])
 
     events = audited(control_plane, release)
     assert events, "no audited request: is the operator running as the chart's ServiceAccount?"
