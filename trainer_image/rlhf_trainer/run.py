@@ -158,8 +158,8 @@ def run(job_file: str | Path, *, job: RLHFJob | None = None, output_dir: str | P
         signal.signal(signal.SIGTERM, _stop_now)
         if pid_file := os.environ.get(contract.DRIVER_PID_FILE_ENV):  # the head pod's preStop hook signals us
             Path(pid_file).write_text(str(os.getpid()))
-        check_image(placement.use_gpu)
         check_cluster(job.spec, placement, _cluster_resources(placement, wait=0 if local_node else WORKERS_TIMEOUT))
+        check_image(placement.use_gpu)  # a cluster without the GPUs is the job's to fix first (InvalidJob)
 
         trainer_class = _trainer_class(job.spec.algorithm)
         trainer = trainer_class(job, placement, base_dir=job_file.parent, output_dir=output_dir, reporter=reporter)
