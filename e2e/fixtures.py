@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -216,6 +217,15 @@ def kube_api(control_plane: ControlPlane) -> Iterator[KubeAPI]:
         )
     finally:
         api_client.close()
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP endpoint answers 200 now (a server being started, a health check)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1, max_interval: float = 1.0):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from e2e import images
+from e2e.fixtures import answers
 from e2e.controlplane.process import free_ports
 
 
@@ -36,19 +36,12 @@ class Registry:
             self.process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not self._answers():
+        while not answers(f"http://{self.host}/v2/"):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the registry did not answer on {self.host}:\n{self.log.read_text()[-2000:]}")
             time.sleep(0.1)
         return self
-
-    def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -22,7 +22,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from e2e.controlplane import ControlPlane, free_ports
-from e2e.fixtures import wait_for
+from e2e.fixtures import answers, wait_for
 from e2e.operator.inprocess import event_poster, operator_client, trainer  # noqa: F401 - fixtures of in-process tests
 from rlhf_api import v1alpha1 as api
 from rlhf_operator.kube import Kube
@@ -80,11 +80,7 @@ class OperatorProcess:
 
     def healthy(self) -> bool:
         self.alive()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return answers(f"http://127.0.0.1:{self.health_port}/healthz")
 
     def metrics(self) -> str:
         self.alive()
