@@ -90,12 +90,11 @@ def at_absolute_paths(spec: dict, folders: dict[str, Path]) -> dict:
 PIPELINE = EXAMPLES / "pipeline"
 
 
-def example_pipeline(directory: Path, steps: int, checkpoints: str | None = None) -> list[Path]:
+def example_pipeline(directory: Path, steps: int) -> list[Path]:
     """The example pipeline's files (manifests/examples/pipeline/) written to `directory` beside the hub's
     stand-ins, each stage cut to `steps` steps of batches of 8 (minutes of CPU in all, not hours), keeping no
     checkpoint but its export (checkpoint.keep 0: a stage's optimizer state is GBs, and the next stage reads
-    the export only) and, given `checkpoints`, its checkpoint.path there (for `rlhf run`, a path relative to
-    the stage's output directory). Nothing else of a stage changes: its algorithm, models (fromJob), datasets,
+    the export only). Nothing else of a stage changes: its algorithm, models (fromJob), datasets,
     keys and settings are the example's. The files, in the order kubectl apply -f takes them."""
     folders = play(directory)
     files = []
@@ -108,8 +107,6 @@ def example_pipeline(directory: Path, steps: int, checkpoints: str | None = None
             spec["rollout"]["maxNewTokens"] = 16
         spec["data"].update(maxPromptTokens=96, maxTokens=128)
         spec["checkpoint"]["keep"] = 0
-        if checkpoints is not None:
-            spec["checkpoint"]["path"] = checkpoints
         files.append(directory / example.name)
         files[-1].write_text(yaml.safe_dump(job, sort_keys=False))
     return files

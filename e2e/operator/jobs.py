@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 from collections.abc import Callable
 from typing import Any
+
+from kubernetes import watch
+from urllib3.exceptions import ProtocolError
 
 from e2e.fixtures import wait_for
 from rlhf_api import v1alpha1 as api
@@ -108,3 +112,34 @@ def took(job: dict[str, Any]) -> float:
     """A finished job's time from status.startTime to status.completionTime, in seconds (whole ones: RFC 3339)."""
     start, end = (datetime.fromisoformat(job["status"][key]) for key in ("startTime", "completionTime"))
     return (end - start).total_seconds()
+
+
+class StatusHistory:
+    """Every status the RLHFJob is given, in the API server's order (a watch, so none is missed)."""
+
+    def __init__(self, control_plane, namespace: str, name: str):
+        from kubernetes import client
+
+        self.api_client = control_plane.api_client()
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.namespace, self.name = namespace, name
+        self.seen: list[dict] = []
+        self.watch = watch.Watch()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        try:
+            for event in self.watch.stream(self.custom.list_namespaced_custom_object, api.GROUP, api.VERSION,
+                                           self.namespace, api.PLURAL, field_selector=f"metadata.name={self.name}"):
+                status = event["object"].get("status") or {}
+                if status.get("phase") and (not self.seen or self.seen[-1] != status):
+                    self.seen.append(status)
+        except ProtocolError:  # stop() closed the connection under the stream
+            pass
+
+    def stop(self) -> list[dict]:
+        self.watch.stop()
+        self.thread.join(10)
+        self.api_client.close()
+        return self.seen

@@ -29,7 +29,7 @@ from kubernetes import client
 
 from e2e.controlplane.binaries import built
 from e2e.fixtures import wait_for
-from e2e.operator.jobs import get_job
+from e2e.operator.jobs import StatusHistory, get_job, wait_events
 from e2e.operator.test_usage import requested
 from e2e.operator.tiny import EXAMPLE, reward_config_map, tiny_job
 from e2e.pods.devcluster import RELEASE, helm_install
@@ -249,11 +249,14 @@ def steps_logged(run_dir: Path) -> list[int]:
 def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
         control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path):
     """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
-    fails, KubeRay retries on a new cluster and the run resumes from the checkpoint on the shared claim."""
+    fails saying where the run will resume, KubeRay retries on a new cluster with a new submission, the
+    RLHFJob says which attempt it is on (status and a Warning event), and the run resumes from the
+    checkpoint on the shared claim, losing at most one interval."""
     core, steps, interval = kube_api.core, 20, 4  # a tiny step takes about half a second: room to kill mid-run
     operator.start()
     started = time.monotonic()
     ray_state = RayState(core, namespace)
+    history = StatusHistory(control_plane, namespace, "podkill")
     run_dir = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "podkill", steps, pod_runtime.node,
                         trainer_image, interval, backoffLimit=1) / "podkill"
     victim_ip = wait_for(lambda: next((ip for kind, ip in list(ray_state.actors.values()) if kind == "ModelWorker"),
@@ -271,17 +274,39 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     wait_for(lambda: (kube.get("RayJob", namespace, rayjob_name).get("status") or {}).get("failed") == 1, 300,
              "KubeRay to count the failed attempt")
     saved, logged = newest(run_dir), steps_logged(run_dir)
+    first_submission = kube.get("RayJob", namespace, rayjob_name)["status"].get("jobId")
 
-    job = wait_end(kube, namespace, "podkill", pod_runtime, started)
-    ray_state.done.set()
+    try:
+        job = wait_end(kube, namespace, "podkill", pod_runtime, started)
+    finally:
+        ray_state.done.set()
+        seen = history.stop()
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert saved < steps and max(logged) - saved <= interval, (saved, logged)  # at most one interval lost
     assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
     ray_status = kube.get("RayJob", namespace, rayjob_name)["status"]
     assert (ray_status["failed"], ray_status["succeeded"]) == (1, 1)
+    assert ray_status["jobId"] != first_submission  # a new submission id, as KubeRay draws for each attempt
     assert job["status"]["progress"]["step"] == steps and job["status"]["lastCheckpoint"]["step"] == steps
+
+    # The failed attempt's driver said where the next one resumes; the next one did.
+    drivers = "\n".join(log.read_text() for log in (pod_runtime.root / "pods").glob("*/container.log"))
+    failed = [line for line in drivers.splitlines() if contract.RUN_FAILED in line]
+    assert any("running the job again resumes" in line for line in failed), failed
+    assert f"resumed from {CHECKPOINTS}/step-{saved:08d} at step {saved}" in drivers
+    # Running -> Retrying (attempt 2 of 2) -> ... -> Succeeded, every message of attempt 2 saying so, one
+    # startTime from the first attempt to the end (KubeRay restarts its own with each attempt).
+    reasons = [s["reason"] for s in seen]
+    assert "Retrying" in reasons and reasons[-1] == "Completed", reasons
+    assert reasons.index("Training") < reasons.index("Retrying"), reasons
+    retried = [s for s in seen[reasons.index("Retrying"):] if s["phase"] != "Succeeded"]
+    assert all(s["message"].startswith("Attempt 2 of 2 (1 failed): ") for s in retried), [s["message"] for s in retried]
+    assert len({s.get("startTime") for s in seen if s["phase"] != "Pending"}) == 1, [s.get("startTime") for s in seen]
+    # The failed attempt is a Warning event that says which attempt comes next.
+    wait_events(kube, namespace, "podkill", lambda e: e["type"] == "Warning" and e["reason"] == "Retrying"
+                and e["message"].startswith("Attempt 2 of 2"), "a Retrying warning")
     print(f"pod runtime retry: worker pod {victim.metadata.name} killed after step {max(logged)} of {steps}; "
-          f"attempt 2 resumed from step {saved}")
+          f"attempt 2 resumed from step {saved}; the retry said: {retried[0]['message'][:300]}")
 
 
 @pytest.mark.timeout(900)

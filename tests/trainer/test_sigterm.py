@@ -2,7 +2,8 @@
 running the job again resumes at the next step, with the batch after the last one trained (the rollouts
 generated ahead of training, paused mid-sample, are drawn again: none lost, none trained twice). In a RayJob the signal comes from the head pod's preStop
 hook (the pods deleted: preempted by Kueue, suspended) or from `ray job stop` (KubeRay's, the RayJob
-deleted), and the worker pods' `ray start` keeps their actors while it drains: each is played here."""
+deleted): both are played here. The worker pods' `ray start` keeping their actors while it drains is
+e2e/operator/test_multipod.py's (a suspended job on KubeRay's own pods)."""
 
 from __future__ import annotations
 
@@ -141,36 +142,3 @@ def hold_ports(*ports: int) -> contextlib.ExitStack:
             sock.bind(("0.0.0.0", port))
             sock.listen()
     return held
-
-
-def test_deleted_ray_pods_let_the_driver_save_its_checkpoint(ray_nodes, toy_job, tmp_path):
-    """The pods of a RayJob deleted together (Kueue's preemption or suspension deletes the cluster): the
-    head's preStop hook signals the driver while the kubelet sends each worker pod's first process,
-    `ray start --block`, SIGTERM. That drains its node: the raylet, and the run's actors on it, stay
-    until the driver has saved the step under way and let them go, then `ray start` exits."""
-    job = toy_job(**{"training.episodes": 7, "training.maxSteps": STEPS, "checkpoint.intervalSteps": INTERVAL})
-    out, log = ray_nodes.shared / "out", tmp_path / "driver.log"  # checkpoints under out: on every node
-    checkpoints = out / "checkpoints"
-    pid_file = {contract.DRIVER_PID_FILE_ENV: str(tmp_path / "driver.pid")}
-    with log.open("w") as output:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out), "--address",
-             ray_nodes.address], env={**os.environ, "RAY_AUTH_MODE": "disabled", **pid_file},
-            stdout=output, stderr=subprocess.STDOUT)
-
-    def past_a_checkpoint() -> bool:
-        assert driver.poll() is None, log.read_text()[-4000:]
-        return any(step > INTERVAL for step in steps_logged(out))
-
-    wait_for(past_a_checkpoint, 400, "a step past the first checkpoint interval")
-    workers = dict(ray_nodes.workers)
-    hook = subprocess.Popen(["/bin/sh", "-c", STOP_DRIVER], env={**os.environ, **pid_file})
-    for process in workers.values():
-        process.send_signal(signal.SIGTERM)  # `ray start` alone, as the kubelet signals a container's first process
-    assert driver.wait(240) == EXIT_INTERRUPTED, log.read_text()[-4000:]
-    assert hook.wait(30) == 0
-    reached = max(steps_logged(out))
-    assert checkpoint.latest(checkpoints) == checkpoint.step_dir(checkpoints, reached), log.read_text()[-4000:]
-    for node, process in workers.items():  # drained and gone once the driver let its actors go
-        process.wait(120)
-        ray_nodes.workers.pop(node)
