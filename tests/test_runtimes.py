@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlhf_api import crd, reference
-from rlhf_api.runtimes import applied, locked_fields_set
+from rlhf_api.runtimes import applied, default_runtime, locked_fields_set
 from rlhf_api.v1alpha1 import RLHFRuntime
 from rlhf_api.v1alpha1.runtime import RUNTIME_RESOURCES
 from rlhf_api.validation import validate
@@ -49,6 +49,25 @@ def test_locked_fields_the_job_sets_are_named_and_defaults_are_not_set():
     assert locked_fields_set(manifest_spec, H100) == ["spec.resources.rdma"]
     assert locked_fields_set(manifest_spec.model_copy(update={"queue_name": "mine"}), H100) == [
         "spec.resources.rdma", "spec.queueName"]
+
+
+def _marked(kind: str, name: str, created: str | None = None, default: bool = True) -> dict:
+    return {"kind": kind, "metadata": {"name": name, **({"creationTimestamp": created} if created else {})},
+            "spec": {"default": default}}
+
+
+def test_one_default_rule_the_namespace_s_before_the_cluster_s_then_the_oldest_then_the_name():
+    old_cluster = _marked("ClusterRLHFRuntime", "old", "2026-01-01T00:00:00Z")
+    new_cluster = _marked("ClusterRLHFRuntime", "a-new", "2026-02-01T00:00:00Z")
+    unmarked = _marked("ClusterRLHFRuntime", "older", "2025-01-01T00:00:00Z", default=False)
+    assert default_runtime([new_cluster, unmarked, old_cluster]) is old_cluster  # the oldest marked, not the name
+    team = _marked("RLHFRuntime", "team", "2026-03-01T00:00:00Z")
+    assert default_runtime([old_cluster, team]) is team  # the namespace's first, however new
+    not_created = _marked("ClusterRLHFRuntime", "0-from-a-file")  # rlhf validate's file: the newest
+    assert default_runtime([not_created, new_cluster]) is new_cluster
+    assert default_runtime([_marked("ClusterRLHFRuntime", "b"), _marked("ClusterRLHFRuntime", "a")])["metadata"][
+        "name"] == "a"  # equal ages: by name
+    assert default_runtime([unmarked]) is None
 
 
 def test_a_runtime_sets_every_cluster_field_of_resources_and_none_of_the_job_s_own():

@@ -8,12 +8,13 @@ leaves the field out of the runtime.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from .v1alpha1 import RLHFJobSpec, ResourcesSpec
-from .v1alpha1.runtime import RUNTIME_RESOURCES, RLHFRuntimeSpec
+from .v1alpha1.runtime import CLUSTER_RUNTIME_KIND, RUNTIME_KIND, RUNTIME_RESOURCES, RLHFRuntimeSpec
 
 
 def _default(model: type[BaseModel], name: str) -> Any:
@@ -55,3 +56,22 @@ def locked_fields_set(spec: RLHFJobSpec, runtime: RLHFRuntimeSpec) -> list[str]:
         elif getattr(spec.resources, by_alias[alias]) != _default(ResourcesSpec, by_alias[alias]):
             found.append(f"spec.resources.{alias}")
     return found
+
+
+def default_runtime(runtimes: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Of runtime manifests (each with its kind), the one a job that names none gets: a namespace's RLHFRuntime
+    marked default before a ClusterRLHFRuntime marked default; among several marked, the oldest, so that marking a
+    second one (a platform team's handover) changes nothing until the first is unmarked. One not created yet (a
+    file given to `rlhf validate`) counts as the newest; equal ages go by name. The operator, its admission webhook
+    and `rlhf validate` all pick with this."""
+    marked = [runtime for runtime in runtimes if (runtime.get("spec") or {}).get("default")]
+    for kind in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
+        if of_kind := [runtime for runtime in marked if runtime.get("kind") == kind]:
+            return min(of_kind, key=_oldest_first)
+    return None
+
+
+def _oldest_first(runtime: Mapping[str, Any]) -> tuple[bool, str, str]:
+    meta = runtime.get("metadata") or {}
+    created = meta.get("creationTimestamp")  # RFC 3339 in UTC: its text sorts as its time
+    return created is None, created or "", meta.get("name") or ""

@@ -44,12 +44,13 @@ def _documents(path: str) -> list[tuple[str, object]]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from rlhf_api.runtimes import applied, locked_fields_set
+    from rlhf_api.runtimes import applied, default_runtime, locked_fields_set
     from rlhf_api.v1alpha1 import RLHFRuntime
     from rlhf_api.v1alpha1.runtime import CLUSTER_RUNTIME_KIND, RUNTIME_KIND
     from rlhf_api.validation import FieldError, InvalidJob, validate
+    from rlhf_operator.checks import Unrealisable, check_claims
 
-    failed, documents, runtimes = 0, [], {}
+    failed, documents, runtimes, client = 0, [], {}, None
     for path in args.files:
         try:
             documents += [(name, doc, Path(path).parent) for name, doc in _documents(path)]
@@ -58,7 +59,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             failed += 1
     if args.cluster:
         try:
-            runtimes |= _cluster_runtimes(args)
+            client = cluster.connect(args)
+            runtimes |= _cluster_runtimes(client, cluster.namespace(args))
         except (cluster.NoCluster, ApiException) as error:
             print(f"rlhf: cannot read the cluster's runtimes: {error}", file=sys.stderr)
             return 1
@@ -71,24 +73,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{name}: invalid\n" + "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
                                                         for e in invalid.errors()), file=sys.stderr)
                 continue
-            runtimes[runtime.kind, runtime.metadata.get("name")] = runtime
+            # A file given wins over the cluster's runtime of its name, and counts as not created yet.
+            runtimes[runtime.kind, runtime.metadata.get("name")] = {**doc, "metadata": {
+                key: value for key, value in (doc.get("metadata") or {}).items() if key != "creationTimestamp"}}
             print(f"{name}: valid ({runtime.kind} {runtime.metadata.get('name')})")
     for name, doc, base_dir in documents:
         if isinstance(doc, dict) and doc.get("kind") in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND):
             continue
         try:
             job = validate(doc)
-            runtime = _runtime_of(job.spec, runtimes)
+            ref = job.spec.runtime_ref
+            found = runtimes.get((ref.kind, ref.name)) if ref else default_runtime(runtimes.values())
+            runtime = RLHFRuntime.model_validate(found) if found else None
             if runtime is not None:
                 if locked := locked_fields_set(job.spec, runtime.spec):
                     raise InvalidJob([FieldError(path, f"{runtime.kind} {runtime.metadata['name']} sets it for every "
                                                  "job and locks it: remove it from the job") for path in locked])
                 job = job.model_copy(update={"spec": applied(job.spec, runtime.spec)})
+            if client is not None:  # the claims as the operator checks them, with its words
+                namespace = job.metadata.get("namespace") or cluster.namespace(args)
+                check_claims(job.spec, lambda claim: client.get("PersistentVolumeClaim", namespace, claim))
         except InvalidJob as invalid:
             failed += 1
             print(f"{name}: invalid", file=sys.stderr)
             for error in invalid.errors:
                 print(f"  {error}", file=sys.stderr)
+        except Unrealisable as refused:
+            failed += 1
+            print(f"{name}: cannot run on this cluster ({refused.reason}): {refused.message}", file=sys.stderr)
+        except ValidationError as invalid:  # the cluster's runtime (the files' were validated above)
+            failed += 1
+            print(f"{name}: its {found['kind']} {found['metadata']['name']} does not validate: "
+                  f"{invalid.errors()[0]['msg']}", file=sys.stderr)
         else:
             job_name = job.metadata.get("name", "(unnamed)")
             made_with = f", with {runtime.kind} {runtime.metadata['name']}" if runtime else ""
@@ -101,24 +117,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _cluster_runtimes(args: argparse.Namespace) -> dict:
-    from rlhf_api.v1alpha1 import RLHFRuntime
+def _cluster_runtimes(client, namespace: str) -> dict:
+    """The cluster's runtimes as manifests (kind added: a list's items carry none), by (kind, name)."""
     from rlhf_api.v1alpha1.runtime import CLUSTER_RUNTIME_KIND, RUNTIME_KIND
 
-    client, found = cluster.connect(args), {}
-    for kind, where in ((CLUSTER_RUNTIME_KIND, ""), (RUNTIME_KIND, cluster.namespace(args))):
-        for item in client.list(kind, where, ""):  # a list's items carry no kind
-            runtime = RLHFRuntime.model_validate({**item, "kind": kind})
-            found[kind, runtime.metadata["name"]] = runtime
-    return found
-
-
-def _runtime_of(spec, runtimes: dict):
-    """The runtime among the files that the job names, else the default one given (a namespace's first)."""
-    if spec.runtime_ref:
-        return runtimes.get((spec.runtime_ref.kind, spec.runtime_ref.name))
-    defaults = sorted((r for r in runtimes.values() if r.spec.default), key=lambda r: r.kind != "RLHFRuntime")
-    return defaults[0] if defaults else None
+    return {(kind, item["metadata"]["name"]): {**item, "kind": kind}
+            for kind, where in ((CLUSTER_RUNTIME_KIND, ""), (RUNTIME_KIND, namespace))
+            for item in client.list(kind, where, "")}
 
 
 def _print_memory_plan(spec, args: argparse.Namespace, base_dir: Path) -> bool:
