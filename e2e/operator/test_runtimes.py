@@ -1,18 +1,27 @@
 """Runtimes (ClusterRLHFRuntime, RLHFRuntime) on the real API server with the operator running: a job that names
 one is rendered with the runtime's settings where it leaves a field at its default, its own fields win, a field
 the runtime locks fails it, a missing runtime is waited for, and the runtime as it was when the job started is
-recorded in status and kept: an edit or a deletion of the runtime changes no job made from it. Cluster runtimes
-are cluster-wide: each test names its own after its namespace and marks none default (other tests run beside)."""
+recorded in status and kept: an edit or a deletion of the runtime changes no job made from it. With the operator's
+admission webhook registered, the API server refuses a job naming a missing runtime or setting a locked field
+before it is stored. Cluster runtimes are cluster-wide: each test names its own after its namespace and marks none
+default (other tests run beside); the webhook is registered for the test's namespace alone."""
 
 from __future__ import annotations
 
+import base64
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.controlplane import free_ports
+from e2e.controlplane.certs import make_serving_cert
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import children, create_job, get_job, rlhf_job, touch_and_wait_reconciled, wait_phase
 from rlhf_api import v1alpha1 as api
+from rlhf_operator import admission
 
 GPU_TAINT = {"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}
 
@@ -86,13 +95,63 @@ def test_a_job_gets_its_runtime_s_settings_its_own_win_and_it_keeps_them(kube, n
     assert not any(children(kube, namespace, "after-deletion").values())
 
 
-def test_a_job_that_sets_a_field_its_runtime_locks_fails_naming_it(kube, namespace, operator, kuberay_paused,
-                                                                   cluster_runtime):
-    operator.start()
+def _serving_cert(control_plane, name: str, into: Path) -> Path:
+    """A serving certificate for 127.0.0.1 signed by the control plane's CA, as a kubernetes.io/tls Secret's files."""
+    make_serving_cert(control_plane.pki, name, name, ["IP:127.0.0.1"])
+    into.mkdir()
+    for suffix, file in (("crt", admission.CERT_FILE), ("key", admission.KEY_FILE)):
+        shutil.move(control_plane.pki / f"{name}.{suffix}", into / file)
+    return into
+
+
+def _webhook_configuration(name: str, namespace: str, port: int, ca: bytes) -> dict[str, Any]:
+    """The chart's ValidatingWebhookConfiguration, called by URL (no Service here) for one namespace."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": "rlhfjobs.rlhf.dev", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                          "failurePolicy": "Fail", "timeoutSeconds": 10,
+                          "clientConfig": {"url": f"https://127.0.0.1:{port}{admission.PATH}",
+                                           "caBundle": base64.b64encode(ca).decode()},
+                          "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                          "rules": [{"apiGroups": [api.GROUP], "apiVersions": [api.VERSION], "operations": ["CREATE"],
+                                     "resources": [api.PLURAL], "scope": "Namespaced"}]}]}
+
+
+def test_a_job_that_sets_a_field_its_runtime_locks_fails_naming_it_and_the_webhook_refuses_it_first(
+        kube, control_plane, namespace, operator, kuberay_paused, cluster_runtime, tmp_path):
+    [port] = free_ports(1)
+    cert_dir = _serving_cert(control_plane, f"webhook-{namespace}", tmp_path / "webhook")
+    operator.start("--webhook-port", str(port), "--webhook-cert-dir", str(cert_dir))
+    # No webhook registered (a cluster installed without it): the operator refuses the job after admission.
     create_job(kube, namespace, _job_with_runtime("locked-out", cluster_runtime, tolerations=[{"operator": "Exists"}]))
     failed = wait_phase(kube, namespace, "locked-out", "Failed", "RuntimeFieldLocked")["status"]
     assert "spec.resources.tolerations" in failed["message"]
     assert not any(children(kube, namespace, "locked-out").values())
+
+    # Registered: the API server asks the operator's webhook, and kubectl says what to change.
+    ca = (control_plane.pki / "ca.crt").read_bytes()
+    configuration = _webhook_configuration(f"rlhf-{namespace}", namespace, port, ca)
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(configuration))
+
+    def apply(job: dict[str, Any], *flags: str):
+        job["metadata"]["namespace"] = namespace
+        return control_plane.kubectl("apply", *flags, "-f", "-", input=json.dumps(job), check=False)
+
+    try:
+        missing = _job_with_runtime("missing-runtime", f"{cluster_runtime}-gone")
+        refused = wait_for(lambda: (result := apply(missing, "--dry-run=server")).returncode and result, 30,
+                           "the API server to call the webhook")
+        assert (f"spec.runtimeRef names ClusterRLHFRuntime {cluster_runtime}-gone, which does not exist: create the "
+                "runtime before the job, or name one that exists" in refused.stderr), refused.stderr
+        assert apply(missing).returncode and kube.get(api.KIND, namespace, "missing-runtime") is None
+        locked = apply(_job_with_runtime("locked-at-admission", cluster_runtime, tolerations=[{"operator": "Exists"}]))
+        assert locked.returncode and "sets spec.resources.tolerations for every job made with it and locks them: " \
+            "remove them from this job" in locked.stderr and "RuntimeFieldLocked" in locked.stderr, locked.stderr
+        admitted = apply(_job_with_runtime("admitted", cluster_runtime))
+        assert admitted.returncode == 0, admitted.stderr
+        assert get_job(kube, namespace, "admitted")["spec"]["runtimeRef"]["name"] == cluster_runtime
+    finally:
+        control_plane.kubectl("delete", "validatingwebhookconfiguration", configuration["metadata"]["name"])
 
 
 def test_the_namespace_s_default_runtime_applies_to_a_job_that_names_none(kube, namespace, operator, kuberay_paused):

@@ -204,8 +204,13 @@ def operator_options(args: argparse.Namespace):
         timing = Timing(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                         args.leader_elect_retry_period)
         elector = Elector(namespace, args.leader_elect_resource_name, timing=timing)
+    webhook = None
+    if args.webhook_cert_dir:
+        from rlhf_operator.admission import Webhook
+
+        webhook = Webhook(args.webhook_port, args.webhook_cert_dir)
     return Options(args.namespace, args.metrics_port, args.health_port, args.verbose, elector, args.resync_seconds,
-                   dict(args.gpu_hour_price))
+                   dict(args.gpu_hour_price), webhook)
 
 
 def _own_namespace() -> str | None:
@@ -310,6 +315,13 @@ def parser() -> argparse.ArgumentParser:
     operator.add_argument("--gpu-hour-price", type=_price, action="append", default=[], metavar="PRODUCT=PRICE",
                           help="price of one GPU-hour on nodes labelled nvidia.com/gpu.product=PRODUCT (repeatable): "
                                "job status then estimates each run's cost (status.usage.estimatedCost)")
+    webhook = operator.add_argument_group(
+        "admission webhook", "with --webhook-cert-dir, every replica serves the RLHFJob admission webhook over HTTPS "
+        "(the chart's ValidatingWebhookConfiguration calls it): a new job whose runtime is missing or that sets what "
+        "its runtime locks is refused before it is stored")
+    webhook.add_argument("--webhook-cert-dir", type=Path, metavar="DIR",
+                         help="directory of the serving certificate, tls.crt and tls.key (a kubernetes.io/tls Secret)")
+    webhook.add_argument("--webhook-port", type=int, default=9443, help="the webhook's HTTPS port (%(default)s)")
     timing = Timing()
     election = operator.add_argument_group(
         "leader election", "with --leader-elect, replicas share a coordination.k8s.io Lease and only its holder "

@@ -1,7 +1,8 @@
 """Run the operator in this process (`rlhf operator`): kopf with our handlers and settings.
 
-Metrics, /healthz and /readyz are served from the start, by every replica; with leader election,
-only the replica holding the Lease runs kopf (a standby is alive and waits). A leader that loses
+Metrics, /healthz and /readyz, and the admission webhook when given a certificate (admission.py), are served from
+the start, by every replica; with leader election, only the replica holding the Lease runs kopf (a standby is
+alive, answers admission reviews and waits). A leader that loses
 the Lease exits at once with LOST_LEASE_EXIT_CODE, so Kubernetes restarts it as a standby.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import kopf
 from aiohttp import web
 
-from . import metrics
+from . import admission, metrics
 from .leader import Elector
 
 LOST_LEASE_EXIT_CODE = 3
@@ -33,6 +34,7 @@ class Options:
     elector: Elector | None  # None: no leader election (one replica)
     resync_seconds: float  # every unfinished job reconciled again this often (resync.py)
     gpu_hour_prices: dict[str, float]  # GPU product -> price of a GPU-hour (usage.py)
+    webhook: admission.Webhook | None = None  # None: no admission webhook served
 
 
 def run(options: Options) -> int:
@@ -46,6 +48,8 @@ def run(options: Options) -> int:
 
 async def _serve(options: Options) -> int:
     metrics.serve(options.metrics_port)
+    # Before /healthz answers: a replica that reports healthy also answers admission reviews.
+    webhook = await admission.serve(options.webhook) if options.webhook else None
     health = await _health_server(options.health_port, options.elector)
     try:
         if options.elector is None:
@@ -55,6 +59,8 @@ async def _serve(options: Options) -> int:
         return await _lead(options, options.elector)
     finally:
         await health.cleanup()
+        if webhook is not None:
+            await webhook.cleanup()
 
 
 async def _lead(options: Options, elector: Elector) -> int:

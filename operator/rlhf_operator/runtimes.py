@@ -55,7 +55,8 @@ def _applied(job: api.RLHFJob, record: api.RuntimeStatus, then: str) -> api.RLHF
     locked = locked_fields_set(job.spec, record.spec)
     if locked:
         raise Unrealisable("RuntimeFieldLocked", f"{record.kind} {record.name} sets {', '.join(locked)} for every "
-                           "job made with it and locks them: remove them from this job (or ask the runtime's owner)" + then)
+                           "job made with it and locks them: remove them from this job (or ask the runtime's "
+                           f"owner){then}")
     return job.model_copy(update={"spec": applied(job.spec, record.spec)})
 
 
@@ -81,7 +82,8 @@ def _default(namespace: str, client: kube.Kube) -> dict[str, Any] | None:
     listed = []
     for kind, where in ((RUNTIME_KIND, namespace), (CLUSTER_RUNTIME_KIND, "")):
         try:
-            listed += [{**runtime, "kind": kind} for runtime in client.list(kind, where, "")]  # a list's items carry no kind
+            # a list's items carry no kind
+            listed += [{**runtime, "kind": kind} for runtime in client.list(kind, where, "")]
         except ApiException as error:
             if error.status != 404:  # 404: the runtime CRDs are not installed: no runtimes
                 raise
