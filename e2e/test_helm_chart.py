@@ -5,16 +5,18 @@ uninstall together with the users' RLHFJobs)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from e2e.controlplane.binaries import built
-from rlhf_operator import names, render
+from rlhf_operator import admission, names, render
 
 pytestmark = pytest.mark.needs_build  # helm and CRDs from e2e/build/build.sh
 
@@ -67,6 +69,7 @@ VALUE_SETS = {
         "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1", "team": "ml-platform"},
                              "annotations": {"grafana_folder": "RLHF"}},
     },
+    "webhook": {"watchNamespaces": ["team-a"], "webhook": {"enabled": True, "port": 8443}},
     "trainer-network-policy": {
         "watchNamespaces": ["team-a", "team-b"],
         "replicas": 2,
@@ -209,7 +212,10 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
         assert dashboard["metadata"]["annotations"] == {"grafana_folder": "RLHF"}
         assert json.loads(dashboard["data"]["rlhf-operator.json"])["uid"] == "rlhf-operator"
     if name == "default":
-        assert not kinds & {*MONITORING_KINDS, "ConfigMap", "NetworkPolicy"}  # monitoring and the policy are opt-in
+        # monitoring, the policy and the webhook are opt-in
+        assert not kinds & {*MONITORING_KINDS, "ConfigMap", "NetworkPolicy", "ValidatingWebhookConfiguration"}
+    if name == "webhook":
+        assert_webhook_served(docs, pod, VALUE_SETS[name])
     if name == "trainer-network-policy":
         policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
         assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
@@ -223,6 +229,51 @@ def test_chart_renders_objects_the_api_server_accepts(helm, monitoring_crds, tmp
         assert [peer["ipBlock"]["cidr"] for peer in api_server["to"]] == ["10.96.0.1/32", "172.18.0.2/32"]
         assert [reward, trackers] == (VALUE_SETS[name]["trainerNetworkPolicy"]["services"]
                                       + VALUE_SETS[name]["trainerNetworkPolicy"]["trackers"])
+
+
+def assert_webhook_served(docs: list[dict], pod: dict, values: dict) -> None:
+    """The API server's path to the webhook: its configuration names the Service, which selects the operator's pods
+    and reaches their webhook port, where the operator reads the Secret's certificate, valid for the Service's name
+    under the CA the configuration trusts."""
+    [configuration] = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    [webhook] = configuration["webhooks"]
+    assert webhook["failurePolicy"] == "Fail" and webhook["sideEffects"] == "None"
+    assert [rule["operations"] for rule in webhook["rules"]] == [["CREATE"]]  # never deletes nor the operator's patches
+    assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == values["watchNamespaces"]
+    target = webhook["clientConfig"]["service"]
+    assert target["path"] == admission.PATH
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == target["name"])
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    [port] = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
+    container = pod["spec"]["containers"][0]
+    assert {"name": port["targetPort"], "containerPort": values["webhook"]["port"]} in container["ports"]
+    [mount] = container["volumeMounts"]
+    assert f"--webhook-cert-dir={mount['mountPath']}" in container["args"]
+    assert f"--webhook-port={values['webhook']['port']}" in container["args"]
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == volume["secret"]["secretName"])
+    host = f"{target['name']}.{target['namespace']}.svc"
+    with tempfile.TemporaryDirectory() as pem:
+        for name, data in (("ca.pem", webhook["clientConfig"]["caBundle"]), ("cert.pem", secret["data"]["tls.crt"])):
+            (Path(pem) / name).write_bytes(base64.b64decode(data))
+        verified = subprocess.run(["openssl", "verify", "-CAfile", "ca.pem", "-verify_hostname", host, "cert.pem"],
+                                  cwd=pem, capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_webhook_certificate_from_cert_manager(helm, tmp_path):
+    values = values_file(tmp_path, {"webhook": {"enabled": True, "certManager": {"enabled": True}}})
+    docs = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART), "-f", values, "-n", RELEASE_NS).stdout)
+            if d]
+    by_kind = {d["kind"]: d for d in docs}
+    certificate = by_kind["Certificate"]
+    assert by_kind["ValidatingWebhookConfiguration"]["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{RELEASE_NS}/{certificate['metadata']['name']}"}
+    assert "caBundle" not in by_kind["ValidatingWebhookConfiguration"]["webhooks"][0]["clientConfig"]
+    assert not [d for d in docs if d["kind"] == "Secret"]  # cert-manager writes it
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    assert certificate["spec"]["issuerRef"]["name"] == by_kind["Issuer"]["metadata"]["name"]
 
 
 def selects(selector: dict, labels: dict[str, str]) -> bool:
