@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.controlplane import free_ports
 from e2e.controlplane.certs import make_serving_cert
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import children, create_job, get_job, rlhf_job, touch_and_wait_reconciled, wait_phase
 from rlhf_api import v1alpha1 as api
-from rlhf_operator import admission
+from rlhf_api import validation
+from rlhf_operator import admission, checks
 
 GPU_TAINT = {"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}
 
@@ -167,10 +169,35 @@ def test_the_namespace_s_default_runtime_applies_to_a_job_that_names_none(kube, 
              == "team-default", 30, "status.runtime")
 
 
-def test_rlhf_validate_reads_the_cluster_s_runtimes(kube, control_plane, namespace, cluster_runtime, tmp_path, capsys):
+def test_rlhf_validate_reads_the_cluster_s_runtimes_and_claims(kube, control_plane, namespace, cluster_runtime,
+                                                               tmp_path, capsys):
     from rlhf_cli.cli import main
 
-    (job := tmp_path / "job.yaml").write_text(__import__("yaml").safe_dump(_job_with_runtime("j", cluster_runtime)))
-    assert main(["validate", "--cluster", "--kubeconfig", str(control_plane.kubeconfig), "-n", namespace,
-                 str(job)]) == 0
+    def validate(job: dict[str, Any]) -> int:
+        (path := tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+        return main(["validate", "--cluster", "--kubeconfig", str(control_plane.kubeconfig), "-n", namespace, str(path)])
+
+    assert validate(_job_with_runtime("j", cluster_runtime)) == 0
     assert f"valid (sft job j, with ClusterRLHFRuntime {cluster_runtime})" in capsys.readouterr().out
+
+    # A job that needs shared storage without it: refused as the operator would, in its words.
+    for claim, mode in (("zonal-disk", "ReadWriteOnce"), ("one-pod", "ReadWriteOncePod")):
+        control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}}))
+    assert validate(rlhf_job("one-node", checkpoint={"pvc": "zonal-disk"})) == 0  # its head on its worker's node
+    capsys.readouterr()
+    job = {"one-pod": rlhf_job("one-pod", checkpoint={"pvc": "one-pod"}),
+           "two-nodes": rlhf_job("two-nodes", checkpoint={"pvc": "zonal-disk"}, resources={"nodes": 2})}
+    expected = {}
+    for name, manifest in job.items():
+        try:
+            checks.check_claims(validation.validate(manifest).spec,
+                                lambda claim: kube.get("PersistentVolumeClaim", namespace, claim))
+        except checks.Unrealisable as refused:
+            expected[name] = f"cannot run on this cluster ({refused.reason}): {refused.message}"
+        assert validate(manifest) == 1
+        assert expected[name] in capsys.readouterr().err
+    assert "claim zonal-disk is ReadWriteOnce: the head and 2 worker pods mount it on different nodes; use a " \
+        "ReadWriteMany claim" in expected["two-nodes"]
+    assert "claim one-pod is ReadWriteOncePod" in expected["one-pod"]
