@@ -43,6 +43,16 @@ def test_what_a_job_leaves_at_its_default_takes_the_runtime_s_and_its_own_values
     assert applied(_job(image="mine:1"), H100).resources.image == "mine:1"
 
 
+def test_a_runtime_s_placement_per_kind_of_pod_merges_field_by_field_with_the_job_s():
+    runtime = RLHFRuntime.model_validate({"metadata": {"name": "pools"}, "spec": {"resources": {
+        "head": {"nodeSelector": {"pool": "cpu"}},
+        "worker": {"tolerations": [{"key": "gpu-pool", "operator": "Exists"}], "nodeSelector": {"pool": "h100"}}}}}).spec
+    resources = applied(_job(head={"cpu": "2"}, worker={"nodeSelector": {"pool": "a100"}}), runtime).resources
+    assert (resources.head.cpu, resources.head.node_selector) == ("2", {"pool": "cpu"})
+    assert resources.worker.node_selector == {"pool": "a100"}  # the job's own
+    assert resources.worker.tolerations == [{"key": "gpu-pool", "operator": "Exists"}]
+
+
 def test_locked_fields_the_job_sets_are_named_and_defaults_are_not_set():
     assert locked_fields_set(_job(), H100) == []
     manifest_spec = _job(rdma={"hca": "mlx5"})

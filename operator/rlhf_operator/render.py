@@ -227,19 +227,21 @@ def _cache_env(resources: api.ResourcesSpec) -> list[dict[str, Any]]:
     return [{"name": contract.HF_HOME_ENV, "value": contract.MODEL_CACHE_DIR}] if resources.model_cache else []
 
 
-def _scheduling(resources: api.ResourcesSpec, gpu_workers: bool = False) -> dict[str, Any]:
-    """Where a pod may run: the user's node selector, tolerations and affinity (every pod, so that a
-    cluster whose every node is tainted still runs the head and the submitter), and for GPU workers
-    the GPU taint tolerated and the GPU product required."""
+def _scheduling(resources: api.ResourcesSpec, kind: api.PodResources, gpu_workers: bool = False) -> dict[str, Any]:
+    """Where a pod of a kind (resources.head, or resources.worker) may run: the job's node selector, tolerations and
+    affinity (every pod, so that a cluster whose every node is tainted still runs the head and the submitter) with
+    the kind's own over them, and for GPU workers the GPU taint tolerated and the GPU product required."""
     # Copies: each pod its own objects (one object in several pods' specs is one change away from all of them).
-    tolerations = copy.deepcopy(resources.tolerations)
+    tolerations = copy.deepcopy([*resources.tolerations, *(kind.tolerations or [])])
     if gpu_workers:
         # GPU pools are tainted with the GPU resource name (nvidia.com/gpu) by every major provider.
         gpu_toleration = {"key": resources.gpu_resource_name, "operator": "Exists"}
         if gpu_toleration not in tolerations:
             tolerations.insert(0, gpu_toleration)
-    affinity = _worker_affinity(resources) if gpu_workers else resources.affinity
-    fields = {"nodeSelector": dict(resources.node_selector), "tolerations": tolerations,
+    affinity = resources.affinity if kind.affinity is None else kind.affinity
+    if gpu_workers:
+        affinity = _worker_affinity(resources, affinity)
+    fields = {"nodeSelector": {**resources.node_selector, **(kind.node_selector or {})}, "tolerations": tolerations,
               "affinity": copy.deepcopy(affinity)}
     return {key: value for key, value in fields.items() if value}
 
@@ -283,8 +285,8 @@ def _head_scheduling(job: api.RLHFJob, volumes: list[dict[str, Any]]) -> dict[st
     head first: the scheduler holds it until the worker is placed."""
     resources = job.spec.resources
     if resources.nodes > 1 or not any("persistentVolumeClaim" in volume for volume in volumes):
-        return _scheduling(resources)
-    placed = _scheduling(resources, gpu_workers=resources.gpus_per_node > 0)
+        return _scheduling(resources, resources.head)
+    placed = _scheduling(resources, resources.worker, gpu_workers=resources.gpus_per_node > 0)
     affinity = dict(placed.get("affinity") or {})
     pod = dict(affinity.get("podAffinity") or {})
     worker = {"labelSelector": {"matchLabels": names.pod_metadata(job.metadata["name"], "worker")["labels"]},
@@ -382,7 +384,7 @@ def _submitter(job: api.RLHFJob) -> dict[str, Any]:
     }
     return {
         "metadata": names.pod_metadata(job.metadata["name"], "submitter"),
-        "spec": _pod_spec(job, [container], restartPolicy="Never", **_scheduling(resources)),
+        "spec": _pod_spec(job, [container], restartPolicy="Never", **_scheduling(resources, resources.head)),
     }
 
 
@@ -392,13 +394,13 @@ def _gpu_node_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
     return {"key": names.GPU_PRODUCT_LABEL, "operator": "In", "values": [resources.gpu_product]}
 
 
-def _worker_affinity(resources: api.ResourcesSpec) -> dict[str, Any] | None:
+def _worker_affinity(resources: api.ResourcesSpec, user: dict[str, Any] | None) -> dict[str, Any] | None:
     """The user's affinity with the GPU product required on top.
 
     Node selector terms are ORed and expressions within a term ANDed, so the product requirement
     is added to every term the user wrote (or forms the only term).
     """
-    affinity = dict(resources.affinity or {})
+    affinity = dict(user or {})
     product = _gpu_node_affinity(resources)
     if product is not None:
         node = dict(affinity.get("nodeAffinity") or {})
@@ -450,7 +452,7 @@ def _worker_group(job: api.RLHFJob) -> dict[str, Any]:
     # effective (Kubernetes grants no ambient capabilities), so NCCL's registered (locked) memory comes
     # from the memlock limit the node's container runtime gives, which the ranks check at start.
     container["lifecycle"] = {"preStop": {"exec": {"command": ["python", "-c", WAIT_FOR_HEAD]}}}
-    pod_fields = _scheduling(resources, gpu_workers=gpus)
+    pod_fields = _scheduling(resources, resources.worker, gpu_workers=gpus)
     if resources.host_network:
         # Ray's fixed ports held on the node: the scheduler then places no second Ray pod on the host network
         # there (of any job), whose ports would clash. KubeRay adds the metrics one anyway; on the host network

@@ -233,6 +233,29 @@ def test_user_scheduling_constraints_are_merged_not_replaced():
     assert terms == [{"matchExpressions": [*t["matchExpressions"], product]} for t in (user_term, other_term)]
 
 
+def test_each_kind_of_pod_adds_its_own_placement_the_head_on_a_cpu_pool_the_workers_on_the_gpu_pool():
+    pool_taint = {"key": "pool", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}
+    cpu_pool = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "spot", "operator": "DoesNotExist"}]}}]}}
+    job = as_job(tiny(resources={
+        "gpusPerNode": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3", "nodeSelector": {"zone": "a", "pool": "any"},
+        "tolerations": [{"key": "team", "operator": "Exists"}], "affinity": {"podAntiAffinity": {}},
+        "head": {"nodeSelector": {"pool": "cpu"}, "affinity": cpu_pool},
+        "worker": {"nodeSelector": {"pool": "h100"}, "tolerations": [pool_taint]}}))
+    ray_job = render.ray_job(job)
+    head, worker = (group["template"]["spec"] for group in head_and_worker(ray_job))
+    for pod in (head, ray_job["spec"]["submitterPodTemplate"]["spec"]):  # the submitter is placed as the head
+        assert pod["nodeSelector"] == {"zone": "a", "pool": "cpu"}  # the kind's value of a key wins
+        assert pod["tolerations"] == [{"key": "team", "operator": "Exists"}]  # not the GPU pool's taint
+        assert pod["affinity"] == cpu_pool  # in place of the job's
+    assert worker["nodeSelector"] == {"zone": "a", "pool": "h100"}
+    assert worker["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists"}, {"key": "team", "operator": "Exists"}, pool_taint]
+    product = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    assert worker["affinity"] == {"podAntiAffinity": {}, "nodeAffinity": {  # the job's, the product required on top
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [product]}]}}}
+
+
 def test_cpu_workers_have_no_gpu_scheduling():
     _, worker = head_and_worker(render.ray_job(as_job(tiny(resources={"gpusPerNode": 0}))))
     pod = worker["template"]["spec"]

@@ -77,13 +77,23 @@ class RDMASpec(APIModel):
     """Fail the job (reason NodeUnusable) when a GPU rank may not lock memory without limit, instead of warning in its log: NCCL registers its buffers with the adapters by locking them, which can fail mid-run under a limit. A stock containerd or CRI-O sets one; LimitMEMLOCK=infinity in its systemd unit lifts it."""
 
 
+NodeSelector = dict[str, Annotated[str, Field(max_length=63)]]
+Tolerations = Annotated[list[Passthrough], Field(max_length=32)]
+
+
 class PodResources(APIModel):
-    """CPU and memory of one pod."""
+    """CPU, memory and placement of one kind of pod (the head, or each worker)."""
 
     cpu: Quantity = "8"
     """CPU request and limit."""
     memory: Quantity = "32Gi"
     """Memory request and limit."""
+    node_selector: NodeSelector | None = None
+    """Node labels these pods require besides resources.nodeSelector (their own value of a key wins): e.g. the head on a CPU pool and the workers on the GPU pool. The head's apply to KubeRay's submitter too; a job of one node with claims has its head on its worker's node, placed as the worker."""
+    tolerations: Tolerations | None = None
+    """Tolerations (core/v1 Toleration) of these pods besides resources.tolerations: e.g. the GPU pool's own taint on the workers alone, so that the head cannot take a GPU node's place."""
+    affinity: Passthrough | None = None
+    """Affinity (core/v1 Affinity) of these pods in place of resources.affinity (GPU workers still require gpuProduct)."""
 
 
 # A GPU worker pod's memory when resources.worker.memory is unset, per GPU on top of its /dev/shm: what the memory
@@ -191,12 +201,12 @@ class ResourcesSpec(APIModel):
     """Size of the memory-backed /dev/shm as a quantity such as 16Gi (NCCL and vLLM need more than the 64Mi default)."""
     rdma: RDMASpec | None = None
     """Enable RDMA for NCCL (adds the RDMA resource and NCCL_* settings to the GPU workers, whose ranks refuse to start unless they may lock memory without limit: the nodes' container runtime must give pods an unlimited memlock)."""
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
-    """Node labels every pod of the job requires: the Ray head, the workers and KubeRay's submitter."""
-    tolerations: list[Passthrough] = Field(default_factory=list, max_length=32)
-    """Tolerations (core/v1 Toleration) of every pod of the job (head, workers, submitter); GPU workers tolerate the GPU taint already."""
+    node_selector: NodeSelector = Field(default_factory=dict)
+    """Node labels every pod of the job requires: the Ray head, the workers and KubeRay's submitter (head.nodeSelector and worker.nodeSelector add those of one kind)."""
+    tolerations: Tolerations = Field(default_factory=list)
+    """Tolerations (core/v1 Toleration) of every pod of the job (head, workers, submitter); GPU workers tolerate the GPU taint already (head.tolerations and worker.tolerations add those of one kind)."""
     affinity: Passthrough | None = None
-    """Affinity (core/v1 Affinity) of every pod of the job (head, workers, submitter); GPU workers also require gpuProduct."""
+    """Affinity (core/v1 Affinity) of every pod of the job (head, workers, submitter) that head.affinity or worker.affinity does not replace; GPU workers also require gpuProduct."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     """Environment of the trainer and workers (e.g. HF_TOKEN from a Secret); a variable set here replaces the operator's own of that name (e.g. NCCL_SOCKET_IFNAME, see rdma.socketIfname)."""
     env_from: list[Passthrough] = Field(default_factory=list, max_length=16)
