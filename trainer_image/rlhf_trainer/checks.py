@@ -23,6 +23,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
 from .rewards.process import STEP_SEPARATOR_KEY
+from .workers.tensor_parallel import TRAINED_WITH_AUTOTP, split_size
 
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,12 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     placement = plan_placement(spec, uses_gpus(spec))  # raises InvalidJob when the roles do not fit
     training = spec.training
     for role in ("actor", "critic", "rm"):
-        ranks = len(placement.ranks.get(role, ()))
+        ranks = len(placement.ranks.get(role, ())) // split_size(role, training)  # the data-parallel ones
         if ranks and training.train_batch_size % (training.micro_train_batch_size * ranks):
             refuse("spec.training.trainBatchSize",
                    f"trainBatchSize {training.train_batch_size} must split into whole micro-batches on each of "
-                   f"the {role}'s {ranks} ranks: make it a multiple of microTrainBatchSize * {ranks}")
+                   f"the {role}'s {ranks} data-parallel ranks: make it a multiple of microTrainBatchSize * {ranks}")
+    errors += _tensor_parallel_problems(spec, placement, base_dir)
     _refuse_unless_memory_fits(spec, placement, base_dir)
     context = _context_length(spec, base_dir)
     if offline and context is not None and spec.data.max_tokens > context:
@@ -233,6 +235,31 @@ def _process_reward_reading(spec: RLHFJobSpec, base_dir: Path) -> list[FieldErro
             errors.append(FieldError(f"spec.reward.sources[{i}].steps.separator", f"the process reward model learnt "
                                      f"steps ending in {learnt!r}, not {source.steps.separator!r}: set separator to "
                                      f"{learnt!r}"))
+    return errors
+
+
+def _tensor_parallel_problems(spec: RLHFJobSpec, placement: Placement, base_dir: Path) -> list[FieldError]:
+    """training.tensorParallel against what the CRD's rules cannot see: the ranks the placement gives each split
+    role (resources.gpus left to the automatic split), and a local model's heads, which AutoTP splits whole (the
+    key-value heads of grouped-query attention too: a rank holding part of a head would compute wrong attention)."""
+    size, errors = spec.training.tensor_parallel.size, []
+    for role in TRAINED_WITH_AUTOTP:
+        ranks = len(placement.ranks.get(role, ()))
+        if size == 1 or not ranks:
+            continue
+        if ranks % size:
+            errors.append(FieldError(f"spec.resources.gpus.{role}", f"the {role} has {ranks} ranks, which do not form "
+                                     f"groups of training.tensorParallel.size {size}: set resources.gpus.{role} to a "
+                                     "multiple of it"))
+        config = _local_config(spec, role, base_dir)
+        config = config.get("text_config", config)
+        heads = {"attention heads": config.get("num_attention_heads"),
+                 "key-value heads": config.get("num_key_value_heads", config.get("num_attention_heads"))}
+        for what, count in heads.items():
+            if count is not None and count % size:
+                errors.append(FieldError("spec.training.tensorParallel.size", f"the {role}'s model has {count} {what}, "
+                                         f"which AutoTP cannot split over {size} ranks: use a size that divides "
+                                         f"{count}"))
     return errors
 
 

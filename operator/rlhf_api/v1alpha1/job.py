@@ -16,7 +16,7 @@ from .models import ModelsSpec
 from .resources import CheckpointSpec, ResourcesSpec
 from .reward import RewardSpec
 from .runtime import RLHFRuntimeSpec, RuntimeKind, RuntimeRef
-from .training import ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED, RolloutSpec, TrainingSpec
+from .training import ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED, TENSOR_PARALLEL, RolloutSpec, TrainingSpec
 from .tracking import TrackingSpec
 
 Algorithm = Literal[algorithms.NAMES]  # type: ignore[valid-type]  # the catalogue's names
@@ -38,6 +38,33 @@ KEEP_QUEUED = ("a queued job's cluster cannot be kept: Kueue frees a finished jo
 # none: a model asking for it failed to load after the whole Ray cluster had started.
 FLASH_ATTENTION_NEEDS_IMAGE = ("the default trainer image has no flash-attn: set attnImplementation: sdpa, or set "
                                "resources.image to a trainer image with flash-attn installed")
+
+# training.tensorParallel (DeepSpeed AutoTP) on a job: what the split needs of the rest of the spec.
+TP_ON = TENSOR_PARALLEL.replace("self.", "self.training.")
+TP_SIZE = "self.training.tensorParallel.size"
+TENSOR_PARALLEL_RULES = (
+    (f"!{TP_ON} || self.algorithm in {ONLINE}",
+     "training.tensorParallel splits the actor and critic of online algorithms; offline algorithms deal their "
+     "batches to every rank without it: remove training.tensorParallel", ".training.tensorParallel.size"),
+    # Seen with DeepSpeed 0.19 and peft: AutoTP builds its sharded layer from a LoRA layer's base weight and the
+    # adapters are gone from the model (nothing trains); DeepSpeed says nothing.
+    *((f"!{TP_ON} || !has(self.models.{role}) || !has(self.models.{role}.lora)",
+       f"DeepSpeed's AutoTP replaces each linear layer peft wrapped with a sharded copy of its base weight, dropping "
+       f"the LoRA adapters: remove models.{role}.lora (adapters need no splitting: their state is megabytes) or "
+       "training.tensorParallel", f".models.{role}.lora") for role in ("actor", "critic")),
+    (f"!{TP_ON} || self.resources.gpusPerNode % {TP_SIZE} == 0",
+     "AutoTP splits each layer over GPUs of one node (its collectives run every layer): make resources.gpusPerNode a "
+     "multiple of training.tensorParallel.size", ".training.tensorParallel.size"),
+    *((f"!{TP_ON} || !has(self.resources.gpus.{role}) || self.resources.gpus.{role} % {TP_SIZE} == 0",
+       f"the {role}'s ranks form groups of training.tensorParallel.size: make resources.gpus.{role} a multiple of it",
+       f".resources.gpus.{role}") for role in ("actor", "critic")),
+    (f"!{TP_ON} || self.resources.gpusPerNode > 0 || has(self.resources.gpus.actor)",
+     "on CPU a role has one rank unless resources.gpus.<role> says more: set resources.gpus.actor to a multiple of "
+     "training.tensorParallel.size", ".resources.gpus.actor"),
+    (f"!{TP_ON} || self.resources.gpusPerNode > 0 || !has(self.models.critic) || has(self.resources.gpus.critic)",
+     "on CPU a role has one rank unless resources.gpus.<role> says more: set resources.gpus.critic to a multiple of "
+     "training.tensorParallel.size", ".resources.gpus.critic"),
+)
 
 
 class KeepFailedCluster(APIModel):
@@ -154,6 +181,7 @@ class RLHFJobSpec(APIModel):
         *((f"!has(self.models.{role}) || self.models.{role}.attnImplementation != 'flash_attention_2' || "
            "has(self.resources.image)", FLASH_ATTENTION_NEEDS_IMAGE, f".models.{role}.attnImplementation")
           for role in ModelsSpec.model_fields),
+        *TENSOR_PARALLEL_RULES,
     )
 
     algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(

@@ -142,6 +142,29 @@ class DistillationSpec(APIModel):
     """GKD's generalized Jensen-Shannon divergence (Agarwal et al. 2024, arXiv:2306.13649) from the teacher's top_k next-token distribution to the actor's at every response token, with this beta: 0 is the forward KL(teacher || actor), which covers all of the teacher's likely tokens; toward 1 it seeks the teacher's likeliest ones, as the reverse KL does. distill: the divergence times kl_coef joins the policy loss, differentiated through the actor's whole distribution at each sampled position (the reward, weighted by reward_coef, stays the policy gradient's signal); unset: each sampled token's reverse KL, in the reward. kd: it replaces the forward KL (unset: 0). Metric teacher_jsd (teacher_kl at 0)."""
 
 
+class SequenceParallelSpec(APIModel):
+    """Sequence parallelism for long samples: each packed row's tokens split over `size` ranks of a trained or
+    scoring model's group (DeepSpeed-Ulysses: the ranks trade each attention layer's heads for the whole
+    sequence), so one sample's activations and logits need 1/size of a GPU's memory."""
+
+    size: int = Field(1, ge=1, le=64)
+    """Ranks one row's tokens are split over: 1 is off. It divides the ranks of every model group (resources.gpus.<role>)
+    and the model's attention heads and key-value heads (checked when the trainer loads the model); the data-parallel
+    degree becomes ranks / size, and trainBatchSize and rolloutBatchSize are dealt to ranks / size groups."""
+
+
+# CEL, on a training section: tensor parallelism is on (the API server fills the defaults in first; has() for clusters
+# without them).
+TENSOR_PARALLEL = "(has(self.tensorParallel) && has(self.tensorParallel.size) && self.tensorParallel.size > 1)"
+
+
+class TensorParallelSpec(APIModel):
+    """Tensor-parallel training with DeepSpeed's AutoTP (OpenRLHF's --ds_tensor_parallel_size): the actor's and the critic's linear layers split over `size` ranks, each holding 1/size of every layer's weights, gradients and optimizer state, the ranks of one split computing each layer together."""
+
+    size: int = Field(1, ge=1, le=64)
+    """Ranks each layer is split over: 1 is off. They are consecutive ranks of the actor's (and the critic's) group on one node, so it divides resources.gpusPerNode and the group's ranks (resources.gpus.actor / critic); the data-parallel degree becomes ranks / size, every rank of a split reading the same samples. The model's key-value heads must divide by it (checked when the trainer starts). With zeroStage 0-2 only and without LoRA; the reference, reward and teacher models stay whole on each of their ranks."""
+
+
 class TrainingSpec(APIModel):
     """Optimisation: DeepSpeed, batch sizes, the RL loss and its regularisers."""
 
@@ -149,6 +172,16 @@ class TrainingSpec(APIModel):
         ("self.microTrainBatchSize <= self.trainBatchSize", "microTrainBatchSize must not exceed trainBatchSize", ".microTrainBatchSize"),
         # The API server's algorithm-defaults policy sets both before this rule runs (on a cluster without it they may be unset).
         ("!has(self.clipEps) || !has(self.clipEpsHigh) || self.clipEpsHigh == 0.0 || self.clipEpsHigh >= self.clipEps", "clipEpsHigh must be 0 (same as clipEps) or at least clipEps", ".clipEpsHigh"),
+        # ZeRO-3 would gather each layer whole over the data-parallel ranks, undoing the split; the trainer's gathers
+        # (weight sync, export) compose AutoTP's shards with ZeRO 0-2's whole parameters only.
+        (f"!{TENSOR_PARALLEL} || self.zeroStage <= 2",
+         "tensorParallel (DeepSpeed AutoTP) trains with zeroStage 0, 1 or 2: set zeroStage 2 (ZeRO-2 splits the "
+         "gradients and optimizer state over the data-parallel ranks besides), or remove tensorParallel",
+         ".zeroStage"),
+        (f"!{TENSOR_PARALLEL} || !has(self.sequenceParallel) || !has(self.sequenceParallel.size) || "
+         "self.sequenceParallel.size == 1",
+         "tensorParallel and sequenceParallel together are not supported (their rank groups would have to be laid "
+         "out as one mesh): use one of them", ".tensorParallel.size"),
     )
 
     zero_stage: Literal[0, 1, 2, 3] = 3
@@ -217,6 +250,10 @@ class TrainingSpec(APIModel):
     """raft: which of each prompt's samples are trained on."""
     distillation: DistillationSpec = section(DistillationSpec)
     """distill: the teacher's weight and the reward's."""
+    sequence_parallel: SequenceParallelSpec = section(SequenceParallelSpec)
+    tensor_parallel: TensorParallelSpec = section(TensorParallelSpec)
+    """Split the actor's and critic's layers over several ranks (models whose weights, gradients and optimizer state do not fit one GPU even under ZeRO-2)."""
+    """Split each sample's tokens over several ranks (long answers whose activations and logits do not fit one GPU)."""
     colocation: Literal["none", "actor-reference", "all"] = "none"
     """Share GPUs: none (each role has its own), actor-reference, or all (hybrid engine: every model and vLLM on the same GPUs, taking turns)."""
     async_queue_size: int = Field(0, ge=0, le=64)

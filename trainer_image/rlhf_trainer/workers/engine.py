@@ -28,6 +28,7 @@ from ..losses import token_log_probs
 from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
+from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
@@ -92,6 +93,9 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
             # unfused and 52 ms for DeepSpeedCPUAdam (2 busy cores).
             "torch_adam": True, "fused": True,
         }}
+    if (tensor_parallel := split_size(cfg.role, training)) > 1:  # AutoTP: tensor_parallel.py
+        config |= autotp_config(tensor_parallel)
+        config["train_batch_size"] = accumulation_batch(training.train_batch_size, tensor_parallel)
     return config
 
 
@@ -207,7 +211,9 @@ class Model:
         # ZeRO-1..3 and the bf16/fp16 optimizers keep the norm they clip with; plain ZeRO-0 in fp32 clips
         # with torch and drops it, so it is taken here, from the gradients all-reduced by backward().
         own_norm = boundary and not hasattr(self.engine.optimizer, "_global_grad_norm")
-        if own_norm:
+        if own_norm and self.engine.autotp_size() > 1:  # a split's shards make one gradient
+            norm = grad_norm(self.engine.module.parameters())
+        elif own_norm:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None])
         self.engine.step()
         if boundary:

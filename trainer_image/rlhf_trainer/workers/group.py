@@ -22,7 +22,7 @@ from ..experience import Experience
 from .engine import ModelConfig
 from .model_worker import ModelWorker
 from .packing import longest_first
-from . import threads
+from . import tensor_parallel, threads
 from .rollout import CONCURRENCY_GROUPS, RolloutEngine, engine_env
 
 
@@ -82,6 +82,7 @@ class ModelGroup:
         bundles = placement.ranks[role]
         self.role = role
         self.base = False  # read with LoRA adapters off (base_model_view)
+        self.split = 1  # consecutive ranks that split one copy of the model and read the same rows (tensor_parallel.py)
         env = {**(env or {}), **({} if placement.use_gpu else threads.CPU_ENV)}
         runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
         self.workers = [
@@ -103,6 +104,7 @@ class ModelGroup:
     def setup(self, cfg: ModelConfig) -> list[ray.ObjectRef]:
         """Load the model on every rank (wait on the returned refs)."""
         master_addr, master_port = ray.get(self.workers[0].open_rendezvous.remote())
+        self.split = tensor_parallel.split_size(cfg.role, cfg.training)
         return [w.setup.remote(cfg, master_addr, master_port) for w in self.workers]
 
     def call(self, method: str, *args) -> list[ray.ObjectRef]:
@@ -110,9 +112,16 @@ class ModelGroup:
         return [getattr(w, method).remote(*args) for w in self.workers]
 
     def _shards(self, count: int) -> tuple[list[slice], int]:
-        """Equal row ranges, one per rank, after padding `count` rows to a multiple of the ranks."""
-        per_rank = -(-count // self.size)
-        return [slice(r * per_rank, (r + 1) * per_rank) for r in range(self.size)], per_rank * self.size - count
+        """Each rank's row range, after padding `count` rows to a multiple of the data-parallel ranks: equal ranges,
+        one per data-parallel rank, the same for the ranks of a split (read back with `_outputs`)."""
+        data_parallel = self.size // self.split
+        per_rank = -(-count // data_parallel)
+        ranges = [slice(r * per_rank, (r + 1) * per_rank) for r in range(data_parallel)]
+        return tensor_parallel.same_rows(ranges, self.split), per_rank * data_parallel - count
+
+    def _outputs(self, refs: list[ray.ObjectRef]) -> list:
+        """Each data-parallel rank's output, in rank order (one of each split's ranks)."""
+        return tensor_parallel.one_per_split(ray.get(refs), self.split)
 
     def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """Log-probs or values [B, T], the batch split over the ranks."""
@@ -125,7 +134,7 @@ class ModelGroup:
         shards, sequences, attention_mask = self._padded(sequences, attention_mask)
         refs = [w.forward.remote(sequences[s], attention_mask[s], num_actions, self.base)
                 for w, s in zip(self.workers, shards)]
-        return lambda: torch.cat(ray.get(refs))[:rows]
+        return lambda: torch.cat(self._outputs(refs))[:rows]
 
     def _padded(self, sequences: Tensor, attention_mask: Tensor) -> tuple[list[slice], Tensor, Tensor]:
         """Each rank's rows, and the batch padded by repeating its last row so that every ZeRO-3 rank
@@ -142,20 +151,22 @@ class ModelGroup:
         shards, sequences, attention_mask = self._padded(sequences, attention_mask)
         refs = [w.top_log_probs.remote(sequences[s], attention_mask[s], num_actions, k)
                 for w, s in zip(self.workers, shards)]
-        return lambda: tuple(torch.cat(side)[:rows] for side in zip(*ray.get(refs)))
+        return lambda: tuple(torch.cat(side)[:rows] for side in zip(*self._outputs(refs)))
 
     def score(self, prompts: list[str], completions: list[str], steps: StepReward | None = None) -> Tensor:
         """Reward-model scores [B], the texts split over the ranks (a `type: model` reward source's scorer;
         steps: read step by step, see ModelWorker.score)."""
         shards, pad = self._shards(len(prompts))
         prompts, completions = prompts + prompts[-1:] * pad, completions + completions[-1:] * pad
-        scores = ray.get([w.score.remote(prompts[s], completions[s], steps) for w, s in zip(self.workers, shards)])
+        scores = self._outputs([w.score.remote(prompts[s], completions[s], steps) for w, s in zip(self.workers, shards)])
         return torch.cat(scores)[: len(prompts) - pad]
 
     def train(self, experience: Experience, **split) -> list[ray.ObjectRef]:
-        """Each rank trains its micro-batches (`micro_batches_per_rank(experience, self.size, **split)`).
+        """Each data-parallel rank trains its micro-batches (`micro_batches_per_rank(experience, ranks, **split)`),
+        the ranks of a split the same ones.
         Returns each rank's metrics (see mean_metrics), so groups can train at once."""
-        per_rank = micro_batches_per_rank(experience, self.size, **split)
+        per_rank = tensor_parallel.same_rows(micro_batches_per_rank(experience, self.size // self.split, **split),
+                                             self.split)
         return [w.train.remote(batches) for w, batches in zip(self.workers, per_rank)]
 
 

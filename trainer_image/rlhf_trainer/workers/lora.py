@@ -89,10 +89,15 @@ def merged_entries(module: nn.Module) -> list[Entry]:
 
 
 def full_shape(param: nn.Parameter) -> tuple[int, ...]:
-    """A parameter's full shape, without a gather: a ZeRO-3 shard keeps it as `ds_shape`, a 4-bit weight in its
-    quant_state (its own shape is the packed one, [out * in / 2, 1])."""
+    """A parameter's full shape, without a gather: a ZeRO-3 shard keeps it as `ds_shape`, an AutoTP shard in its
+    metadata (tensor_parallel.full_shape), a 4-bit weight in its quant_state (its own shape is the packed one,
+    [out * in / 2, 1])."""
+    from .tensor_parallel import full_shape as split_full_shape
+
     state = getattr(param, "quant_state", None)
-    return tuple(state.shape if state is not None else getattr(param, "ds_shape", param.shape))
+    if state is not None:
+        return tuple(state.shape)
+    return split_full_shape(param) or tuple(getattr(param, "ds_shape", param.shape))
 
 
 def dense(param: nn.Parameter) -> Tensor:

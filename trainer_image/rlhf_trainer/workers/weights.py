@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .engine import Model, ValueModel
 from .lora import merged_entries
+from . import tensor_parallel
 from .transfer_plan import bucket_ranges
 
 
@@ -27,12 +28,10 @@ def named_full_parameters(model: Model, dtype: torch.dtype | None = None,
                           trained_only: bool = False) -> Iterator[tuple[str, Tensor]]:
     """(name, full tensor) per parameter of the engine's module (only those with gradients when
     trained_only), gathered from the ZeRO-3 shards; every rank must iterate."""
-    import deepspeed
-
     for name, param in model.engine.module.named_parameters():
         if trained_only and not param.requires_grad:
             continue
-        with deepspeed.zero.GatheredParameters([param], enabled=model.zero3):
+        with full_parameters(model, [param]):
             yield name, param.data.to(dtype or param.dtype)
 
 
@@ -49,16 +48,25 @@ def merged_buckets(model: Model, dtype: torch.dtype | None, bucket_bytes: int) -
     (transfer_plan.bucket_ranges), each bucket's parameters gathered at once: one ZeRO-3 gather per
     bucket instead of one per weight. A bucket is valid until the next one is asked for; every
     rank must iterate."""
-    import deepspeed
-
     entries = merged_entries(model.engine.module)
     sizes = [math.prod(shape) * (dtype or params[0].dtype).itemsize for _, shape, params, _ in entries]
     for bucket in bucket_ranges(sizes, bucket_bytes):
         params = list({id(p): p for _, _, entry_params, _ in entries[bucket.start:bucket.stop]
                        for p in entry_params}.values())
-        with deepspeed.zero.GatheredParameters(params, enabled=model.zero3):
+        with full_parameters(model, params):
             yield [(name, compute().to(dtype) if dtype else compute())
                    for name, _, _, compute in entries[bucket.start:bucket.stop]]
+
+
+def full_parameters(model: Model, params: list, modifier_rank: int | None = None):
+    """Within, `params` hold their full tensors: gathered from ZeRO-3's shards over the group (rank modifier_rank's
+    changes kept), or from AutoTP's over each split (every rank's changes kept in its own shard: the ranks of a
+    split make the same). Every rank must enter with the same parameters."""
+    import deepspeed
+
+    if model.engine.autotp_size() > 1:
+        return tensor_parallel.gathered(params)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, enabled=model.zero3)
 
 
 def full_shapes(model: Model) -> list[tuple[str, tuple[int, ...]]]:
@@ -79,8 +87,6 @@ def blend(model: Model, weights: dict[str, Tensor], alpha: float) -> None:
     """Move every parameter to alpha * weights[name] + (1 - alpha) * itself (a reference refreshed from the
     policy's state_dict, Hugging Face names); under ZeRO-3 rank 0's result goes to every shard. Every rank
     must call it, each with the whole dict."""
-    import deepspeed
-
     module = model.engine.module
     missing = sorted(set(name for name, _ in module.named_parameters()) - weights.keys())
     if missing:
@@ -88,7 +94,7 @@ def blend(model: Model, weights: dict[str, Tensor], alpha: float) -> None:
                          "more) of the reference's; a refresh copies the policy's weights into the reference, so "
                          "models.reference must be the actor's architecture")
     for name, param in module.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=model.zero3):
+        with full_parameters(model, [param], modifier_rank=0):
             param.data.lerp_(weights[name].to(param.device, param.dtype), alpha)
 
 
