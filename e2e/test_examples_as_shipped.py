@@ -123,6 +123,21 @@ def test_the_examples_name_each_kind_of_prerequisite():
     assert kinds == {"PersistentVolumeClaim", "ConfigMap", "Secret", CLUSTER_RUNTIME_KIND, "RLHFJob"}
 
 
+# What a GPU pool's runtime sets, never its jobs: the pool, its taints and placement, RDMA and NCCL.
+CLUSTER_CONVENTIONS = {"gpuProduct", "nodeSelector", "tolerations", "affinity", "rdma", "hostNetwork", "podAnnotations"}
+
+
+@pytest.mark.parametrize("example", [p for p in CLUSTER_EXAMPLES if "gpusPerNode: 0" not in p.read_text()],
+                         ids=lambda p: p.name)
+def test_a_gpu_example_names_a_runtime_beside_it_instead_of_the_cluster_s_conventions(example: Path):
+    spec = yaml.safe_load(example.read_text())["spec"]
+    assert spec.get("runtimeRef", {}).get("name") in {p.stem for p in RUNTIMES}, f"{example.name} names no runtime"
+    resources = spec["resources"]
+    kinds = [resources, resources.get("head") or {}, resources.get("worker") or {}]
+    assert not {key for fields in kinds for key in fields} & CLUSTER_CONVENTIONS, example.name
+    assert f"kubectl apply -f manifests/examples/runtimes/{spec['runtimeRef']['name']}.yaml" in example.read_text()
+
+
 def test_a_placeholder_says_how_to_make_its_secret_and_holds_no_credential():
     assert placeholders()
     applied = named(kustomize(PREREQUISITES))
