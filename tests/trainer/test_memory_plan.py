@@ -260,3 +260,22 @@ def test_zero_keeps_an_fp32_copy_of_float32_weights_for_its_optimizer(stage, per
                           "training.bf16": False})
     [actor] = _plan(spec, gpu="NVIDIA-H200").gpus[0].processes
     assert actor.held["optimizer"] == 8_030_261_248 * per_parameter
+
+
+def test_tensor_parallel_splits_the_layers_of_the_actor_and_zero_splits_over_the_data_parallel_ranks():
+    """The grpo example (Qwen2.5-7B, 8 shared GPUs) with training.tensorParallel 2 under ZeRO-2: each actor rank holds
+    half of every layer's linear weights and biases (embedding and norms whole), ZeRO-2 splits its gradients and
+    AdamW state over the 8 / 2 = 4 data-parallel ranks; the reference stays whole (ZeRO-0 under ZeRO-2)."""
+    spec = _job("grpo", **{"training.tensorParallel": {"size": 2}, "training.zeroStage": 2})
+    params, hidden, intermediate, layers, kv = 7_615_616_512, 3584, 18944, 28, 4 * 128
+    layer = (hidden * hidden + hidden) + 2 * (hidden * kv + kv) + hidden * hidden + 3 * hidden * intermediate
+    split = layers * layer  # q, k, v with their biases, o, gate, up, down: what AutoTP splits
+    own = params - split + split // 2
+    actor, reference, _ = _plan(spec).gpus[0].processes
+    assert actor.held == {"weights": own * 2, "gradients": own * 2 // 4, "optimizer": own * 12 // 4,
+                          "deepspeed buffers": DEEPSPEED_BUFFERS, "NCCL peers": NCCL_PEERS}
+    assert reference.held == {"weights": params * 2, "NCCL peers": NCCL_PEERS}
+    # the weight sync's gather after the step: 3 buckets of 256 MiB (its largest weight, 3584 x 18944 in bfloat16, is less)
+    assert actor.extra["train"] >= 3 * 256 << 20 and 2 * hidden * intermediate < 256 << 20
+    whole = _plan(_job("grpo", **{"training.zeroStage": 2})).gpus[0].processes[0]
+    assert whole.held["weights"] - actor.held["weights"] == (split - split // 2) * 2  # 6.08 GiB of 14.2 each

@@ -11,6 +11,13 @@ and only then their KV cache. A job whose busiest GPU, or whose worker pod, cann
 The terms, per process on a GPU (bytes), and how each is calibrated:
 - weights: parameters (counted from config.json: exact for the architectures in _layer_params, tested against
   transformers' own models) x the dtype's bytes, split over the group's ranks under ZeRO-3;
+- training.tensorParallel N (the actor and critic, split_size): each rank holds 1/N of the layers' linear weights
+  and biases (Shape.split_params: what DeepSpeed's AutoTP splits, the embedding, head and norms whole), and its
+  gradients and AdamW state of that share are split by ZeRO over the data-parallel ranks, ranks / N. Exact (the
+  shard shapes AutoTP made of the tiny model, tests/trainer/test_tensor_parallel.py); after the step the actor's
+  weight sync gathers a bucket's layers whole: 3 buckets of rollout.weightSyncBucketMib (the API's count: the
+  gathered bucket, its flattened copy, one a worker has not taken), a weight larger than a bucket alone, charged
+  instead of the step's activations (freed by then). Estimated from the sync's code (workers/weights.py);
 - a trained model's gradients (its dtype, split from ZeRO-2) and AdamW's state (the fp32 copy of the weights
   ZeRO's optimizer steps, kept even of float32 weights, and two fp32 moments: 12 bytes a parameter, 8 for
   float32 weights at ZeRO-0, stepped in place; split from ZeRO-1; none with offloadOptimizer);
@@ -94,6 +101,9 @@ GPU_NAMES = {
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PHASES = ("generate", "score", "train")
 ENGINE = "vLLM worker"
+# The roles training.tensorParallel splits; the reference, reward and teacher hold no gradients or optimizer state
+# and stay whole (rlhf_trainer/workers/tensor_parallel.py says why).
+TRAINED_WITH_AUTOTP = ("actor", "critic")
 
 
 def gpu_label(gpu: str) -> str:
@@ -120,6 +130,8 @@ class Shape:
     hidden: int
     vocab: int
     kv_bytes_per_token: int  # keys and values of every layer, per token, in 16 bits
+    split_params: int = 0  # what AutoTP splits (training.tensorParallel): the layers' linear weights and biases
+    largest_weight: int = 0  # parameters of the largest of those weights (a gathered one travels whole)
 
     @classmethod
     def from_config(cls, config: dict, value_head: bool = False) -> Shape:
@@ -138,7 +150,10 @@ class Shape:
             params += hidden  # the score head, one label, no bias
         elif not text.get("tie_word_embeddings", True):
             params += vocab * hidden
-        return cls(params, layers, hidden, vocab, layers * 2 * kv_heads * head_dim * 2)
+        norms = _final_norm(text, hidden) if text.get("model_type") == "gpt2" else 2 * hidden  # a layer's own
+        largest = hidden * max(text.get("intermediate_size") or text.get("n_inner") or 4 * hidden, heads * head_dim)
+        return cls(params, layers, hidden, vocab, layers * 2 * kv_heads * head_dim * 2,
+                   layers * (_layer_params(text, hidden, heads, kv_heads, head_dim) - norms), largest)
 
 
 def _layer_params(text: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -293,21 +308,23 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             continue
         model = _model_spec(spec, role)
         shape, dtype = shapes[role], DTYPE_BYTES[model.dtype]
-        ranks = len(bundles)
+        tensor_parallel = split_size(role, training)
+        ranks = len(bundles) // tensor_parallel  # ZeRO splits over the data-parallel ranks
         split = lambda stage: ranks if training.zero_stage >= stage else 1  # noqa: E731
-        held = {"weights": shape.params * dtype // split(3)}
+        params = shape.params - shape.split_params + shape.split_params // tensor_parallel  # this rank's share
+        held = {"weights": params * dtype // split(3)}
         host = {"process": HOST_PROCESS}
         trained = role in TRAINED_ROLES and model.lora is None
         step = 0  # the optimizer step's own memory, once the activations are freed
         if trained:
-            held["gradients"] = shape.params * dtype // split(2)
+            held["gradients"] = params * dtype // split(2)
             if training.offload_optimizer:
-                host["optimizer (offloaded)"] = shape.params * 16 // split(1)
+                host["optimizer (offloaded)"] = params * 16 // split(1)
             else:
-                held["optimizer"] = shape.params * (8 if dtype == 4 and training.zero_stage == 0 else 12) // split(1)
-                step = shape.params * 4 // split(1) if dtype == 2 else 0
+                held["optimizer"] = params * (8 if dtype == 4 and training.zero_stage == 0 else 12) // split(1)
+                step = params * 4 // split(1) if dtype == 2 else 0
             held["deepspeed buffers"] = deepspeed_buffers(dtype, training.autocasts(model.dtype))
-        if ranks > 1:
+        if len(bundles) > 1:
             held["NCCL peers"] = NCCL_PEERS
         gathered = min(shape.params, ZERO3_LIVE_PARAMETERS) * dtype if training.zero_stage == 3 and ranks > 1 else 0
         extra = {}
@@ -320,6 +337,8 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             micro = training.micro_train_batch_size
             extra["train"] = max(step, gathered + _activations(shape, micro * sequence, micro * response, role, True,
                                                                model.gradient_checkpointing))
+            if role == "actor" and online and tensor_parallel > 1:  # the sync's gather, after the step
+                extra["train"] = max(extra["train"], _sync_gather(spec, shape))
         for rank, bundle in enumerate(bundles):
             gpus[bundle].processes.append(Process(f"{role} rank {rank}", held, extra, host))
     kv_sequences = None
@@ -343,6 +362,19 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
     resources = spec.resources
     return MemoryPlan(gpu_label(gpu), total, gpus, kv_sequences, notes, gpus_per_pod=max(resources.gpus_per_node, 1),
                       shm=quantity_bytes(resources.shm_size), pod_limit=quantity_bytes(resources.worker_memory))
+
+
+def split_size(role: str, training) -> int:
+    """The ranks training.tensorParallel splits `role`'s layers over (1: whole), for this plan and the trainer
+    (rlhf_trainer/workers/tensor_parallel.py); training is a TrainingSpec."""
+    return training.tensor_parallel.size if role in TRAINED_WITH_AUTOTP else 1
+
+
+def _sync_gather(spec: RLHFJobSpec, shape: Shape) -> int:
+    """A split actor's weight sync: the layers of a bucket gathered whole, in the engine's dtype, up to 3 buckets of
+    rollout.weightSyncBucketMib held at once (the API's count), a weight larger than a bucket alone."""
+    bucket = max(spec.rollout.weight_sync_bucket_mib << 20, shape.largest_weight * DTYPE_BYTES[spec.engine_dtype])
+    return 3 * bucket
 
 
 def _model_spec(spec: RLHFJobSpec, role: str):

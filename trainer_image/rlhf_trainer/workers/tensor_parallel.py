@@ -27,19 +27,15 @@ from contextlib import ExitStack, contextmanager
 from typing import Iterable, Iterator, Sequence, TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-TRAINED_WITH_AUTOTP = ("actor", "critic")  # the roles training.tensorParallel splits
+from rlhf_api.planning.memory import TRAINED_WITH_AUTOTP, split_size  # noqa: F401 - the trainer's names for them
+
 # Where DeepSpeed's AutoTP keeps a sharded parameter's full shape (its universal-checkpoint metadata), and the
 # flag it sets on every parameter it shards.
 _UC_META, _SHARDED = "ds_autotp_universal_checkpoint_meta", "ds_is_replaced_module"
 
 T = TypeVar("T")
-
-
-def split_size(role: str, training) -> int:
-    """The ranks each layer of `role`'s model is split over (1: whole); training is a TrainingSpec."""
-    return training.tensor_parallel.size if role in TRAINED_WITH_AUTOTP else 1
 
 
 def autotp_config(size: int) -> dict:
