@@ -63,7 +63,7 @@ class RLHFRuntimeSpec(APIModel):
     """A cluster's conventions for the jobs that use this runtime."""
 
     default: bool = False
-    """The runtime of every job that names none: a namespace's default RLHFRuntime, else the default ClusterRLHFRuntime (the oldest when several are marked). Jobs created before it was marked keep what they had."""
+    """The runtime of every job that names none: a namespace's default RLHFRuntime, else the default ClusterRLHFRuntime; the oldest when several are marked, so that marking a second one changes nothing until the first is unmarked. Jobs created before it was marked keep what they had."""
     trainer_images: TrainerImages | None = None
     """The trainer image per device, picked by the job's resources.gpusPerNode; unset: the operator's installation's."""
     resources: RuntimeResources = section(RuntimeResources)
@@ -71,7 +71,7 @@ class RLHFRuntimeSpec(APIModel):
     queue_name: str | None = Field(None, max_length=63, pattern=DNS_SUBDOMAIN)
     """Kueue LocalQueue of jobs that name none (in each job's namespace)."""
     locked: list[LockableField] = Field(default_factory=list, max_length=64)
-    """spec.resources fields (by their names there, e.g. tolerations, rdma, image) and queueName that jobs may not set themselves: a job that sets one fails with reason RuntimeFieldLocked."""
+    """spec.resources fields (by their names there, e.g. tolerations, rdma, image) and queueName that jobs may not set themselves: a job that sets one is refused at admission (the operator's webhook, where the chart installs it), else fails with reason RuntimeFieldLocked."""
 
 
 class RLHFRuntime(APIModel):
