@@ -170,5 +170,36 @@ def test_autotp_of_width_2_trains_as_one_rank(runs):
         torch.testing.assert_close(bucket, expected, rtol=RTOL, atol=WEIGHT_ATOL)
 
 
+@pytest.mark.parametrize("changes, path, fix", [
+    ({"training.zeroStage": 3}, "spec.training.zeroStage", "set zeroStage 2"),
+    ({"models.actor.lora": {"rank": 8}}, "spec.models.actor.lora", "dropping the LoRA adapters"),
+    ({"resources.gpus": {"actor": 3}}, "spec.resources.gpus.actor", "make resources.gpus.actor a multiple of it"),
+    ({"resources.gpus": {}}, "spec.resources.gpus.actor", "set resources.gpus.actor to a multiple"),
+], ids=["zero-3", "lora", "ranks", "cpu-ranks"])
+def test_admission_refuses_what_autotp_cannot_split_with_the_fix(changes, path, fix):
+    """The CEL rules the API server and `rlhf validate` apply, on the tiny CPU example with a split of 2 over 2
+    ranks under ZeRO-2 (valid) and one change."""
+    import yaml
+
+    from rlhf_api.validation import InvalidJob, validate
+
+    root = Path(__file__).resolve().parents[2]
+    manifest = yaml.safe_load((root / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    spec = manifest["spec"]
+    base = {"training.tensorParallel": {"size": 2}, "training.zeroStage": 2, "resources.gpus": {"actor": 2}}
+    for settings in (base, changes):
+        for dotted, value in settings.items():
+            *parents, key = dotted.split(".")
+            node = spec
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[key] = value
+        if settings is base:
+            validate(manifest)
+    with pytest.raises(InvalidJob) as refused:
+        validate(manifest)
+    assert any(error.path == path and fix in error.message for error in refused.value.errors), refused.value.errors
+
+
 if __name__ == "__main__":  # one rank of the pair: rank, model, port of the single run, port of the pair, output
     _rank_main(int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:5]], sys.argv[5])
