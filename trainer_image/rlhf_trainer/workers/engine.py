@@ -29,6 +29,9 @@ from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
 from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
+from .sequence_parallel import ATTENTION as sequence_parallel_attention
+from .sequence_parallel import Read, SequenceParallel
+from .sequence_parallel import initialize as initialize_sequence_parallel
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
@@ -125,9 +128,12 @@ class ValueModel(nn.Module):
         super().__init__()
         self.classifier = classifier
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                **kwargs) -> Tensor:
+        """positions: a split row's position ids (sequence_parallel.py: no mask then, kwargs carry its layout)."""
         hidden = self.classifier.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+            input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask) if positions is None else positions, **kwargs,
         ).last_hidden_state
         return self.classifier.score(hidden).squeeze(-1).float()  # [B, S]
 
@@ -146,6 +152,7 @@ class Model:
     hf_ds_config: Any = None
     peft: Any = None  # with models.<role>.lora: the PeftModel around the engine's module (lora.py)
     grad_norms: list[float] = field(default_factory=list)  # per optimizer step, see backward_step
+    sequence_parallel: SequenceParallel | None = None  # training.sequenceParallel.size > 1: this rank's share
 
     @property
     def device(self) -> torch.device:
@@ -154,6 +161,8 @@ class Model:
     def action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature; the
         samples packed without padding with training.packSamples (packing.py)."""
+        if self.sequence_parallel is not None:  # gathered whole: the reads below keep them split
+            return self.action_reads(sequences, attention_mask, num_actions, lambda logits, at: logits)[0]
         if self.cfg.training.pack_samples:
             packed = pack(sequences, attention_mask, num_actions,
                           one_row=self.cfg.model.attn_implementation == "flash_attention_2")
@@ -167,22 +176,52 @@ class Model:
             ).logits[:, :-1]
         return logits.float() / (self.cfg.temperature or 1.0)
 
+    def action_reads(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, *reads: Read) -> list[Tensor]:
+        """Each read(logits [..., V], at) -> [..., ...] of the logits predicting the last num_actions tokens, as
+        [B, T, ...]: `at` indexes a [B, T] tensor at the positions the logits are of (the whole [B, T] here;
+        a rank's own positions under sequence parallelism, where no rank holds a whole row's logits)."""
+        if self.sequence_parallel is None:
+            logits = self.action_logits(sequences, attention_mask, num_actions)
+            return [read(logits, (slice(None), slice(None))) for read in reads]
+        if self.cfg.training.pack_samples:
+            packed = pack(sequences, attention_mask, num_actions,
+                          one_row=self.cfg.model.attn_implementation == "flash_attention_2")
+            rows = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                    "real": torch.ones_like(packed.input_ids, dtype=torch.bool)}
+            wanted = (packed.row, packed.keep[packed.column])
+        else:
+            rows = {"input_ids": sequences, "position_ids": position_ids(attention_mask), "real": attention_mask}
+            width = sequences.shape[1]
+            columns = torch.arange(width - num_actions - 1, width - 1, device=sequences.device)
+            wanted = (torch.arange(len(sequences), device=sequences.device)[:, None].expand(-1, num_actions),
+                      columns.expand(len(sequences), -1))
+        return self.sequence_parallel.action_reads(self.engine, rows, wanted, (len(sequences), num_actions),
+                                                   self.cfg.temperature or 1.0, reads)
+
     def action_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """log pi of each of the last num_actions tokens [B, T] (padding included: mask it)."""
-        logits = self.action_logits(sequences, attention_mask, num_actions)
-        return token_log_probs(logits, sequences[:, -num_actions:])
+        targets = sequences[:, -num_actions:]
+        return self.action_reads(sequences, attention_mask, num_actions,
+                                 lambda logits, at: token_log_probs(logits, targets[at]))[0]
+
+    def token_values(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
+        """A sequence classifier's score at every position [B, S] (split over the sequence-parallel ranks)."""
+        if self.sequence_parallel is None:
+            return self.engine(sequences, attention_mask)
+        return self.sequence_parallel.token_values(self.engine, sequences, attention_mask,
+                                                   position_ids(attention_mask))
 
     def action_values(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """V(s_t) [B, T]: the value of the prefix before each response token."""
-        return self.engine(sequences, attention_mask)[:, :-1][:, -num_actions:]
+        return self.token_values(sequences, attention_mask)[:, :-1][:, -num_actions:]
 
     def response_scores(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
         """The classifier's score at each response token [B, T] (a process reward model's, read where steps end)."""
-        return self.engine(sequences, attention_mask)[:, -num_actions:]
+        return self.token_values(sequences, attention_mask)[:, -num_actions:]
 
     def last_token_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
         """The classifier's score at the last real token of each right-padded row [B]."""
-        values = self.engine(sequences, attention_mask)  # [B, S]
+        values = self.token_values(sequences, attention_mask)  # [B, S]
         last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).argmax(-1)
         return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
@@ -229,7 +268,13 @@ class Model:
         the whole step's sum over `step_total`: backward_step's engine.backward divides every loss by
         the gradient accumulation steps (scale_wrt_gas) and the data-parallel ranks average their
         gradients, so the divisor is step_total / (accumulation steps * ranks)."""
-        return step_total / (self.engine.gradient_accumulation_steps() * self.engine.dp_world_size)
+        return step_total / (self.engine.gradient_accumulation_steps() * self.data_parallel_size)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel degree: the ranks over the sequence-parallel size (DeepSpeed's own dp_world_size is
+        None when it is given sequence-parallel groups)."""
+        return self.engine.seq_dp_world_size // self.engine.sequence_parallel_size
 
     @property
     def learning_rate(self) -> float:
@@ -242,7 +287,8 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.integrations import HfDeepSpeedConfig
 
-    ds_config = deepspeed_config(cfg, world_size)
+    split = cfg.training.sequence_parallel.size
+    ds_config = deepspeed_config(cfg, world_size // split)
     zero3 = ds_config["zero_optimization"]["stage"] == 3
     hf_ds_config = HfDeepSpeedConfig(ds_config) if zero3 else None
     trainable = cfg.role in TRAINED_ROLES
@@ -256,13 +302,16 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
         if cfg.step_separator is not None:  # exported with the model: what a reward source must split at
             setattr(hf_model.config, STEP_SEPARATOR_KEY, cfg.step_separator)
     tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
+    sequence_parallel, mpu = initialize_sequence_parallel(split, cfg.model.attn_implementation) if split > 1 else (None, None)
+    if sequence_parallel:
+        hf_model.set_attn_implementation(sequence_parallel_attention)
     peft = apply_lora(hf_model, lora, cfg.role) if lora else None  # in place: hf_model stays the module
     if not trainable:
         hf_model.requires_grad_(False)
     elif cfg.model.gradient_checkpointing:
         hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = hf_model if cfg.role in CAUSAL_LM_ROLES else ValueModel(hf_model)
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config, mpu=mpu,
                                       model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       lr_scheduler=partial(lr_scheduler, cfg) if trainable else None)
     engine.train(trainable)
@@ -270,4 +319,4 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
         # Alone, a rank has nothing to all-reduce, yet at every accumulation boundary DeepSpeed's ZeRO-0 path
         # flattens all gradients into one copy to reduce and copies them back (0.5 GB for 135M parameters).
         engine.enable_backward_allreduce = False
-    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft)
+    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft, sequence_parallel=sequence_parallel)

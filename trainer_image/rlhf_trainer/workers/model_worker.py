@@ -116,7 +116,7 @@ class ModelWorker:
         model = self.model
         reads = read_texts(model.tokenizer, prompts, completions, steps,
                            model.engine.module.classifier.config.max_position_embeddings)
-        rewards = score_reads(lambda ids, mask: model.engine(ids.to(model.device), mask.to(model.device)).cpu(), reads,
+        rewards = score_reads(lambda ids, mask: model.token_values(ids.to(model.device), mask.to(model.device)).cpu(), reads,
                               model.tokenizer.pad_token_id, model.cfg.training.micro_rollout_batch_size, steps)
         release_after_pass()
         return rewards

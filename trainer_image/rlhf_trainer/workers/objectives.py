@@ -90,8 +90,14 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
     policy gradient, and the metrics the trainer reads from them (logprob_diff, kl) come from here."""
     training = model.cfg.training
     mode, normalizer = aggregation(model, exp)
-    logits = model.action_logits(exp.sequences, exp.attention_mask, exp.num_actions)
-    log_probs = token_log_probs(logits, exp.sequences[:, -exp.num_actions:])
+    targets, teacher = exp.sequences[:, -exp.num_actions:], exp.teacher_logps is not None
+    reads = [lambda logits, at: token_log_probs(logits, targets[at]),
+             lambda logits, at: entropy_from_logits(logits if training.entropy_coef else logits.detach())]
+    if teacher:  # distill with training.distillation.jsdBeta: GKD's divergence in the loss
+        reads.append(lambda logits, at: top_k_divergence(logits, exp.teacher_logps[at], exp.teacher_ids[at],
+                                                         training.distillation.jsd_beta))
+    # Per-token reads, not the logits: under sequence parallelism no rank holds a whole row's logits.
+    log_probs, entropy, *divergence = model.action_reads(exp.sequences, exp.attention_mask, exp.num_actions, *reads)
     scored_here = exp.action_log_probs is None
     old_log_probs = log_probs.detach() if scored_here else exp.action_log_probs
     per_token = POLICY_LOSSES[model.cfg.policy_loss](
@@ -115,13 +121,11 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
         loss = loss + kl_in_loss(kl, training.kl.coef, exp.action_mask, mode, normalizer)
         if scored_here:
             metrics["kl"] = float(masked_mean(kl.detach(), exp.action_mask))
-    entropy = entropy_from_logits(logits if training.entropy_coef else logits.detach())
     if training.entropy_coef:
         loss = loss + entropy_bonus(entropy, exp.action_mask, training.entropy_coef, mode, normalizer)
     metrics["entropy"] = float(masked_mean(entropy.detach(), exp.action_mask))
-    if exp.teacher_logps is not None:  # distill with training.distillation.jsdBeta: GKD's divergence in the loss
-        distillation = training.distillation
-        divergence = top_k_divergence(logits, exp.teacher_logps, exp.teacher_ids, distillation.jsd_beta)
+    if teacher:
+        distillation, divergence = training.distillation, divergence[0]
         loss = loss + distillation.kl_coef * aggregate_loss(divergence, exp.action_mask, mode, normalizer)
         metrics[teacher_metric(distillation.jsd_beta)] = float(masked_mean(divergence.detach(), exp.action_mask))
     model.backward_step(loss)
