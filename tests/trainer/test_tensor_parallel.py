@@ -51,63 +51,101 @@ def _experience(vocab: int):
         attention_mask[row, prompt + ended:] = 0
     return Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
                       action_log_probs=torch.full((rows, actions), -3.0),
-                      advantages=torch.randn(rows, actions, generator=generator))
+                      advantages=torch.randn(rows, actions, generator=generator),
+                      values=torch.randn(rows, actions, generator=generator) / 10,
+                      returns=torch.randn(rows, actions, generator=generator))
 
 
-def _run(model_path: str, ranks: int, split: int) -> dict:
-    """Load the actor on this rank of a world of `ranks` split over `split`, read it and train it STEPS steps."""
-    import deepspeed
-
+def _model(role: str, model_path: str, ranks: int, split: int, zero_stage: int):
     from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
-    from rlhf_trainer.workers import weights
     from rlhf_trainer.workers.engine import ModelConfig, load_model
-    from rlhf_trainer.workers.group import micro_batches_per_rank
-    from rlhf_trainer.workers.objectives import mean_over_micro_batches, policy_step
-    from rlhf_trainer.workers.tensor_parallel import is_sharded, same_rows
 
-    training = TrainingSpec(zero_stage=0, bf16=False, learning_rate=LEARNING_RATE, lr_warmup_ratio=0, lr_scheduler="constant",
+    training = TrainingSpec(zero_stage=zero_stage, bf16=False, learning_rate=LEARNING_RATE,
+                            critic_learning_rate=LEARNING_RATE, lr_warmup_ratio=0, lr_scheduler="constant",
                             train_batch_size=TRAIN_BATCH, micro_train_batch_size=MICRO, micro_rollout_batch_size=MICRO,
                             loss_aggregation="token-mean", tensor_parallel={"size": split})
-    cfg = ModelConfig(role="actor", path=model_path, model=ModelSpec(path=model_path, dtype="float32"),
-                      training=training, optimizer_steps=STEPS, algorithm="grpo")
-    rank = torch.distributed.get_rank()
-    model = load_model(cfg, rank, ranks)
-    experience = _experience(len(model.tokenizer))
-    with torch.no_grad(), model.scoring():
-        log_probs = model.action_log_probs(experience.sequences, experience.attention_mask, experience.num_actions)
+    cfg = ModelConfig(role=role, path=model_path, model=ModelSpec(path=model_path, dtype="float32"),
+                      training=training, optimizer_steps=STEPS + 1, algorithm="ppo")
+    torch.manual_seed(training.seed)  # as ModelWorker.setup seeds it: the critic's new score head
+    return load_model(cfg, torch.distributed.get_rank(), ranks)
 
-    grads = {}
 
-    def keep_first_gradients(optimizer, args, kwargs):
-        if grads:
+def _steps(experience, ranks: int, split: int) -> list[list]:
+    """This rank's micro-batches of each optimizer step, as the group deals them (the ranks of a split the same)."""
+    from rlhf_trainer.workers.group import micro_batches_per_rank
+    from rlhf_trainer.workers.tensor_parallel import same_rows
+
+    per_rank = same_rows(micro_batches_per_rank(experience, ranks // split, train_batch_size=TRAIN_BATCH,
+                                                micro_batch_size=MICRO, epochs=1,
+                                                generator=torch.Generator().manual_seed(0)), split)
+    own = per_rank[torch.distributed.get_rank()]
+    per_step = len(own) // STEPS
+    return [own[index * per_step:(index + 1) * per_step] for index in range(STEPS)]
+
+
+def _full_gradients(model, split: int, into: dict):
+    """An optimizer pre-step hook keeping the first step's gradients, the shards gathered along AutoTP's dimension."""
+    import deepspeed
+
+    from rlhf_trainer.workers.tensor_parallel import is_sharded
+
+    def keep(optimizer, args, kwargs):
+        if into:
             return
         for name, param in model.engine.module.named_parameters():
             grad = param.grad
-            if is_sharded(param):  # this rank's shard: gathered along the dimension AutoTP split
+            if is_sharded(param):
                 dim = param.ds_autotp_universal_checkpoint_meta["partition_dim"]
                 parts = [torch.empty_like(grad) for _ in range(split)]
                 torch.distributed.all_gather(parts, grad.contiguous(),
                                              group=deepspeed.utils.groups.get_tensor_model_parallel_group())
                 grad = torch.cat(parts, dim)
-            grads[name] = grad.clone()
+            into[name] = grad.clone()
 
-    model.engine.optimizer.register_step_pre_hook(keep_first_gradients)
-    data_parallel = ranks // split
-    per_rank = same_rows(micro_batches_per_rank(experience, data_parallel, train_batch_size=TRAIN_BATCH,
-                                                micro_batch_size=MICRO, epochs=1,
-                                                generator=torch.Generator().manual_seed(0)), split)[rank]
-    per_step = len(per_rank) // STEPS
-    metrics = [mean_over_micro_batches(model, policy_step, per_rank[step * per_step:(step + 1) * per_step])
-               for step in range(STEPS)]
-    grad_norms = list(model.grad_norms)
-    return {
-        "log_probs": log_probs, "loss": [m["policy_loss"] for m in metrics], "grad_norms": grad_norms,
-        "grads": grads, "weights": {name: t.clone() for name, t in weights.named_full_parameters(model)},
-        "shapes": weights.full_shapes(model),
+    return keep
+
+
+def _run(model_path: str, ranks: int, split: int, checkpoints: str | None = None) -> dict:
+    """On this rank of a world of `ranks` split over `split`: the actor (ZeRO-0) read, trained STEPS steps and read
+    again; with `checkpoints`, saved, moved a step further and loaded back; the critic (ZeRO-2) the same."""
+    from rlhf_trainer.workers import weights
+    from rlhf_trainer.workers.model_worker import ModelWorker
+    from rlhf_trainer.workers.objectives import mean_over_micro_batches, policy_step, value_step
+
+    full = lambda model: {name: t.clone() for name, t in weights.named_full_parameters(model)}  # noqa: E731
+    actor = _model("actor", model_path, ranks, split, zero_stage=0)
+    experience = _experience(len(actor.tokenizer))
+    with torch.no_grad(), actor.scoring():
+        log_probs = actor.action_log_probs(experience.sequences, experience.attention_mask, experience.num_actions)
+    grads = {}
+    actor.engine.optimizer.register_step_pre_hook(_full_gradients(actor, split, grads))
+    steps = _steps(experience, ranks, split)
+    metrics = [mean_over_micro_batches(actor, policy_step, step) for step in steps]
+    results = {
+        "log_probs": log_probs, "loss": [m["policy_loss"] for m in metrics], "grad_norms": list(actor.grad_norms),
+        "grads": grads, "weights": full(actor), "shapes": weights.full_shapes(actor),
         "sent": [torch.cat([t.reshape(-1) for _, t in bucket]) for bucket in
-                 weights.merged_buckets(model, torch.float32, bucket_bytes=64 << 10)],
-        "shard_rows": [tuple(p.shape) for name, p in model.engine.module.named_parameters() if "q_proj.weight" in name],
+                 weights.merged_buckets(actor, torch.float32, bucket_bytes=64 << 10)],
+        "shard_rows": [tuple(p.shape) for name, p in actor.engine.module.named_parameters() if "q_proj.weight" in name],
     }
+    if checkpoints:
+        worker = ModelWorker(torch.distributed.get_rank(), ranks)
+        worker.model = actor
+        worker.save_checkpoint(checkpoints, "saved")
+        mean_over_micro_batches(actor, policy_step, steps[0])
+        results["moved"] = full(actor)
+        worker.load_checkpoint(checkpoints, "saved")
+        results["restored"] = full(actor)
+
+    critic = _model("critic", model_path, ranks, split, zero_stage=2)
+    with torch.no_grad(), critic.scoring():
+        results["values"] = critic.action_values(experience.sequences, experience.attention_mask,
+                                                 experience.num_actions)
+    critic_metrics = [mean_over_micro_batches(critic, value_step, step)
+                      for step in _steps(experience, ranks, split)]
+    results |= {"value_loss": [m["value_loss"] for m in critic_metrics], "critic_weights": full(critic),
+                "critic_grad_norms": list(critic.grad_norms)}
+    return results
 
 
 def _world(rank: int, ranks: int, port: int) -> None:
@@ -126,7 +164,7 @@ def _rank_main(rank: int, model_path: str, ports: list[int], out: str) -> None:
         results["single"] = _run(model_path, 1, 1)
         torch.distributed.destroy_process_group()
     _world(rank, 2, ports[1])
-    results["split"] = _run(model_path, 2, 2)
+    results["split"] = _run(model_path, 2, 2, checkpoints=str(Path(out).parent / "checkpoints"))
     if rank == 0:
         torch.save(results, out)
 
@@ -169,6 +207,19 @@ def test_autotp_of_width_2_trains_as_one_rank(runs):
     for bucket, expected in zip(split["sent"], single["sent"]):
         torch.testing.assert_close(bucket, expected, rtol=RTOL, atol=WEIGHT_ATOL)
 
+    # the critic, split under ZeRO-2 (DeepSpeed's own gradient norm and clipping over the split)
+    torch.testing.assert_close(split["values"], single["values"], rtol=RTOL, atol=1e-6)
+    assert split["value_loss"] == pytest.approx(single["value_loss"], rel=RTOL)
+    assert split["critic_grad_norms"] == pytest.approx(single["critic_grad_norms"], rel=RTOL)
+    for name, weight in single["critic_weights"].items():  # 2 of the embedding's 46848 elements moved apart, by
+        apart = (split["critic_weights"][name] - weight).abs()  # 7.8e-4 at most: rounding-level gradients, as above
+        assert apart.max() < LEARNING_RATE and (apart > WEIGHT_ATOL).sum() <= weight.numel() // 10_000, name
+
+    # DeepSpeed's checkpoint of the split (each rank's shard) loads back into it
+    assert any(not torch.equal(split["moved"][name], weight) for name, weight in split["weights"].items())
+    for name, weight in split["weights"].items():
+        assert torch.equal(split["restored"][name], weight), name
+
 
 @pytest.mark.parametrize("changes, path, fix", [
     ({"training.zeroStage": 3}, "spec.training.zeroStage", "set zeroStage 2"),
@@ -199,6 +250,38 @@ def test_admission_refuses_what_autotp_cannot_split_with_the_fix(changes, path, 
     with pytest.raises(InvalidJob) as refused:
         validate(manifest)
     assert any(error.path == path and fix in error.message for error in refused.value.errors), refused.value.errors
+
+
+def test_the_trainer_refuses_a_split_the_model_s_key_value_heads_do_not_divide(toy_job, tmp_path):
+    """The tiny model has 4 attention heads and 2 key-value heads: 2 ranks split it, 4 do not (checks.py, before
+    Ray or any model starts)."""
+    import yaml
+
+    from rlhf_api.validation import InvalidJob, validate
+    from rlhf_trainer.checks import check
+
+    def spec(size: int):
+        job = toy_job(**{"training.tensorParallel": {"size": size}, "training.zeroStage": 2,
+                         "resources.gpus": {"actor": size}})
+        return validate(yaml.safe_load(job.read_text())).spec
+
+    assert check(spec(2), tmp_path).ranks["actor"] == [0, 1]
+    with pytest.raises(InvalidJob) as refused:
+        check(spec(4), tmp_path)
+    assert [(e.path, e.message) for e in refused.value.errors] == [(
+        "spec.training.tensorParallel.size", "the actor's model has 2 key-value heads, which AutoTP cannot split over "
+        "4 ranks: use a size that divides 2")]
+
+
+def test_a_group_deals_each_data_parallel_rank_s_rows_to_every_rank_of_its_split():
+    """ModelGroup's row ranges and outputs for 4 ranks split 2 ways: 2 data-parallel ranks (no Ray: the dealing
+    alone)."""
+    from rlhf_trainer.workers.group import ModelGroup
+
+    group = ModelGroup.__new__(ModelGroup)
+    group.workers, group.split = [None] * 4, 2
+    shards, pad = group._shards(5)  # 5 rows: 3 per data-parallel rank, one of padding
+    assert shards == [slice(0, 3), slice(0, 3), slice(3, 6), slice(3, 6)] and pad == 1
 
 
 if __name__ == "__main__":  # one rank of the pair: rank, model, port of the single run, port of the pair, output
