@@ -37,8 +37,8 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 
 if [[ ,$extras, == *,trainer,* ]]; then
-  echo "[trainer 1/3] torch (PyPI's build: CUDA libraries included, runs on CPU too)"
-  "${pip[@]}" -q torch
+  echo "[trainer 1/3] torch and torchvision (PyPI's builds: CUDA libraries included, run on CPU too)"
+  "${pip[@]}" -q torch torchvision
   if [[ $device == cuda ]]; then
     echo "[trainer 2/3] vllm for NVIDIA GPUs"
     "${pip[@]}" -q "vllm==$vllm_version"
