@@ -16,14 +16,16 @@ from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.paths import model_path
-from rlhf_api.planning.memory import GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, refuse_unless_fits, shapes_of
-from rlhf_api.planning.placement import Placement, plan_placement
+from rlhf_api.planning.memory import (GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, ranks_per_copy,
+                                      refuse_unless_fits, shapes_of)
+from rlhf_api.planning.placement import ROLLOUT, Placement, plan_placement
 from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
 from .rewards.process import STEP_SEPARATOR_KEY
-from .workers.tensor_parallel import TRAINED_WITH_AUTOTP, split_size
+from .workers.sequence_parallel import heads_problem
+from .workers.tensor_parallel import TRAINED_WITH_AUTOTP
 
 
 log = logging.getLogger(__name__)
@@ -76,12 +78,12 @@ def check(spec: RLHFJobSpec, base_dir: Path) -> Placement:
     placement = plan_placement(spec, uses_gpus(spec))  # raises InvalidJob when the roles do not fit
     training = spec.training
     for role in ("actor", "critic", "rm"):
-        ranks = len(placement.ranks.get(role, ())) // split_size(role, training)  # the data-parallel ones
+        ranks = len(placement.ranks.get(role, ())) // ranks_per_copy(role, training)  # the data-parallel ones
         if ranks and training.train_batch_size % (training.micro_train_batch_size * ranks):
             refuse("spec.training.trainBatchSize",
                    f"trainBatchSize {training.train_batch_size} must split into whole micro-batches on each of "
                    f"the {role}'s {ranks} data-parallel ranks: make it a multiple of microTrainBatchSize * {ranks}")
-    errors += _tensor_parallel_problems(spec, placement, base_dir)
+    errors += _tensor_parallel_problems(spec, placement, base_dir) + _sequence_parallel_problems(spec, placement, base_dir)
     _refuse_unless_memory_fits(spec, placement, base_dir)
     context = _context_length(spec, base_dir)
     if offline and context is not None and spec.data.max_tokens > context:
@@ -260,6 +262,22 @@ def _tensor_parallel_problems(spec: RLHFJobSpec, placement: Placement, base_dir:
                 errors.append(FieldError("spec.training.tensorParallel.size", f"the {role}'s model has {count} {what}, "
                                          f"which AutoTP cannot split over {size} ranks: use a size that divides "
                                          f"{count}"))
+    return errors
+
+
+def _sequence_parallel_problems(spec: RLHFJobSpec, placement: Placement, base_dir: Path) -> list[FieldError]:
+    """training.sequenceParallel against what the CRD's rules cannot see: the ranks the placement gives each model
+    (resources.gpus left to the automatic split), and a local model's heads (a hub model's: when its rank loads it)."""
+    size, errors = spec.training.sequence_parallel.size, []
+    roles = [role for role in placement.ranks if role != ROLLOUT] if size > 1 else []
+    for role in roles:
+        ranks = len(placement.ranks[role])
+        if ranks % size:
+            errors.append(FieldError(f"spec.resources.gpus.{role}", f"the {role} has {ranks} ranks, which do not form "
+                                     f"groups of training.sequenceParallel.size {size}: set resources.gpus.{role} to "
+                                     "a multiple of it"))
+        if problem := heads_problem(_local_config(spec, role, base_dir), size):
+            errors.append(FieldError("spec.training.sequenceParallel.size", f"{role}: {problem}"))
     return errors
 
 

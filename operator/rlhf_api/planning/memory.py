@@ -370,6 +370,13 @@ def split_size(role: str, training) -> int:
     return training.tensor_parallel.size if role in TRAINED_WITH_AUTOTP else 1
 
 
+def ranks_per_copy(role: str, training) -> int:
+    """The consecutive ranks of `role`'s group that read the same rows: a tensor-parallel split (split_size) or a
+    sequence-parallel group (training.sequenceParallel.size, every role); the data-parallel degree is the group's
+    ranks over it. The API refuses both at once."""
+    return split_size(role, training) * training.sequence_parallel.size
+
+
 def _sync_gather(spec: RLHFJobSpec, shape: Shape) -> int:
     """A split actor's weight sync: the layers of a bucket gathered whole, in the engine's dtype, up to 3 buckets of
     rollout.weightSyncBucketMib held at once (the API's count), a weight larger than a bucket alone."""

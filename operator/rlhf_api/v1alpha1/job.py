@@ -13,7 +13,7 @@ from .data import PREFERENCES, DataSpec
 from .environment import EnvironmentSpec
 from .evaluation import EvaluationSpec
 from .models import ModelsSpec
-from .resources import CheckpointSpec, ResourcesSpec
+from .resources import CheckpointSpec, ResourcesSpec, RoleGPUs
 from .reward import RewardSpec
 from .runtime import RLHFRuntimeSpec, RuntimeKind, RuntimeRef
 from .training import ENGINE_MEMORY_ALONE, ENGINE_MEMORY_SHARED, TENSOR_PARALLEL, RolloutSpec, TrainingSpec
@@ -64,6 +64,22 @@ TENSOR_PARALLEL_RULES = (
     (f"!{TP_ON} || self.resources.gpusPerNode > 0 || !has(self.models.critic) || has(self.resources.gpus.critic)",
      "on CPU a role has one rank unless resources.gpus.<role> says more: set resources.gpus.critic to a multiple of "
      "training.tensorParallel.size", ".resources.gpus.critic"),
+)
+
+# training.sequenceParallel on a job: its groups of consecutive ranks in every model's group.
+SP_ON = "(has(self.training.sequenceParallel) && has(self.training.sequenceParallel.size) && " \
+        "self.training.sequenceParallel.size > 1)"
+SP_SIZE = "self.training.sequenceParallel.size"
+SEQUENCE_PARALLEL_RULES = (
+    (f"!{SP_ON} || self.algorithm in {ONLINE}",
+     "training.sequenceParallel splits the rows of online algorithms' passes; offline algorithms deal their batches "
+     "to every rank without it: remove training.sequenceParallel", ".training.sequenceParallel.size"),
+    *((f"!{SP_ON} || !has(self.resources.gpus.{role}) || self.resources.gpus.{role} % {SP_SIZE} == 0",
+       f"the {role}'s ranks form groups of training.sequenceParallel.size that split each row: make "
+       f"resources.gpus.{role} a multiple of it", f".resources.gpus.{role}") for role in RoleGPUs.model_fields),
+    (f"!{SP_ON} || self.resources.gpusPerNode > 0 || has(self.resources.gpus.actor)",
+     "on CPU a role has one rank unless resources.gpus.<role> says more: set resources.gpus.actor (and every other "
+     "model's) to a multiple of training.sequenceParallel.size", ".resources.gpus.actor"),
 )
 
 
@@ -182,6 +198,7 @@ class RLHFJobSpec(APIModel):
            "has(self.resources.image)", FLASH_ATTENTION_NEEDS_IMAGE, f".models.{role}.attnImplementation")
           for role in ModelsSpec.model_fields),
         *TENSOR_PARALLEL_RULES,
+        *SEQUENCE_PARALLEL_RULES,
     )
 
     algorithm: Algorithm = Field(json_schema_extra=immutable("algorithm"), description=(

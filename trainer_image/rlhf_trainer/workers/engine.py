@@ -30,7 +30,7 @@ from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
 from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
 from .sequence_parallel import ATTENTION as sequence_parallel_attention
-from .sequence_parallel import Read, SequenceParallel
+from .sequence_parallel import Read, SequenceParallel, heads_problem
 from .sequence_parallel import initialize as initialize_sequence_parallel
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
@@ -304,6 +304,8 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
     sequence_parallel, mpu = initialize_sequence_parallel(split, cfg.model.attn_implementation) if split > 1 else (None, None)
     if sequence_parallel:
+        if problem := heads_problem(hf_model.config.to_dict(), split):  # a hub model's, unknown to checks.py
+            raise ValueError(problem)
         hf_model.set_attn_implementation(sequence_parallel_attention)
     peft = apply_lora(hf_model, lora, cfg.role) if lora else None  # in place: hf_model stays the module
     if not trainable:

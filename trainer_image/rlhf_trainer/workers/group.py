@@ -15,6 +15,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import Tensor
 
+from rlhf_api.planning.memory import ranks_per_copy
 from rlhf_api.planning.placement import ROLLOUT, Placement
 from rlhf_api.v1alpha1 import RLHFJobSpec, StepReward
 
@@ -104,7 +105,7 @@ class ModelGroup:
     def setup(self, cfg: ModelConfig) -> list[ray.ObjectRef]:
         """Load the model on every rank (wait on the returned refs)."""
         master_addr, master_port = ray.get(self.workers[0].open_rendezvous.remote())
-        self.split = tensor_parallel.split_size(cfg.role, cfg.training)
+        self.split = ranks_per_copy(cfg.role, cfg.training)
         return [w.setup.remote(cfg, master_addr, master_port) for w in self.workers]
 
     def call(self, method: str, *args) -> list[ray.ObjectRef]:

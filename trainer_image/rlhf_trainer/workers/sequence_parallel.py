@@ -199,6 +199,20 @@ class SequenceParallel:
         return gather_shares(whole, self.group)[:, :width]
 
 
+def heads_problem(config: dict, size: int) -> str | None:
+    """Why a model of this config.json (a dict) cannot split its rows over `size` ranks, with the fix; None if it can:
+    each rank attends with 1/size of the attention heads and of the key-value heads."""
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    counts = {"attention heads": heads, "key-value heads": config.get("num_key_value_heads", heads)}
+    for what, count in counts.items():
+        if count is not None and count % size:
+            return (f"the model has {count} {what}, which sequence parallelism (DeepSpeed-Ulysses: each rank attends "
+                    f"with 1/size of them) cannot split over {size} ranks: set training.sequenceParallel.size to a "
+                    f"divisor of {count}")
+    return None
+
+
 def register() -> None:
     """`ATTENTION` with transformers: the attention function, and a mask function that builds nothing
     (the whole rows' mask is the Layout's; the one transformers would build covers a rank's columns only)."""
