@@ -279,3 +279,36 @@ def test_tensor_parallel_splits_the_layers_of_the_actor_and_zero_splits_over_the
     assert actor.extra["train"] >= 3 * 256 << 20 and 2 * hidden * intermediate < 256 << 20
     whole = _plan(_job("grpo", **{"training.zeroStage": 2})).gpus[0].processes[0]
     assert whole.held["weights"] - actor.held["weights"] == (split - split // 2) * 2  # 6.08 GiB of 14.2 each
+
+
+def test_sequence_parallel_divides_a_long_answer_s_activations_and_logits_over_its_ranks():
+    """The long-answer example (Qwen2.5-7B, 1024 + 16384 tokens a sample, micro-batches of 2, 8 shared GPUs, ZeRO-3):
+    with training.sequenceParallel 4 each rank runs 2 x 17408 / 4 = 8704 tokens through the layers and computes the
+    logits of at most those; the all-to-all's buffers and sdpa's whole-row mask come on top; ZeRO still shards over
+    all 8 ranks. It fits on H100s, and without the split the same job does not."""
+    spec = _job("grpo-long-answers")
+    hidden, vocab, layers, kv = 3584, 152064, 28, 4 * 128
+    rows, row = 2, 1024 + 16384
+    tokens = rows * row // 4
+    gathered = ZERO3_LIVE_PARAMETERS * 2
+    buffers = 2 * (2 * hidden + 2 * kv) * tokens * 2 + rows * row ** 2  # all-to-all pieces and received; the mask
+    train = gathered + tokens * vocab * 16 + layers * tokens * hidden * 2 + 34 * tokens * hidden + buffers
+    score = gathered + tokens * vocab * 12 + 34 * tokens * hidden + buffers
+    plan = _plan(spec)
+    actor, reference, _ = plan.gpus[0].processes
+    assert actor.extra == {"score": score, "train": train} and reference.extra == {"score": score}
+    assert actor.held["weights"] == 7_615_616_512 * 2 // 8  # ZeRO-3 over all 8 ranks, not 8 / 4
+    assert plan.fits
+    whole = _plan(_job("grpo-long-answers", **{"training.sequenceParallel": {"size": 1}}))
+    assert not whole.fits and whole.peak()[1] == "train"
+    assert whole.gpus[0].processes[0].extra["train"] > 3 * train  # the logits of all 2 x 16385 response positions
+
+
+def test_rlhf_validate_prints_the_long_answer_plan_that_fits_only_with_sequence_parallelism(capsys, tmp_path):
+    example = EXAMPLES / "grpo-long-answers-job.yaml"
+    assert main(["validate", "--gpu", "H100", "--model-configs", str(CONFIGS), str(example)]) == 0
+    assert "fits" in capsys.readouterr().out
+    whole = tmp_path / "grpo-long-answers-job.yaml"
+    whole.write_text(example.read_text().replace("size: 4", "size: 1"))
+    assert main(["validate", "--gpu", "H100", "--model-configs", str(CONFIGS), str(whole)]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out

@@ -35,6 +35,16 @@ The terms, per process on a GPU (bytes), and how each is calibrated:
   arXiv:2205.05198, with a fused attention), or only each layer's input and one layer's working set with
   gradient checkpointing. Upper bounds: packing and shorter samples hold less. Estimated; the one-GPU check
   (benchmarks/gpu_check.py) measured a 39M-parameter ZeRO-3 step at 0.66-0.9x of the plan;
+- training.sequenceParallel N (every model, rlhf_trainer/workers/sequence_parallel.py): each rank runs the layers
+  on 1/N of the micro-batch's tokens (rounded up), so the layers' activations are divided by N, and it computes the
+  logits of its own columns only: at most the response positions, at most its 1/N of the tokens (a long answer
+  fills the last ranks' columns; the teacher's top-k reads the logits gathered whole, so its term stays whole).
+  ZeRO still shards over all the group's ranks (DeepSpeed's sequence-data-parallel group). On top, per rank: one
+  layer's all-to-all buffers, its q, k, v and attention output cut into pieces and received (2 x (2 x hidden + 2 x
+  key-value width) x its tokens x the dtype's bytes; q's width taken as hidden), and the whole rows' attention
+  mask the sdpa and eager kernels read (rows x row length squared, 1 byte for sdpa's booleans, the dtype's for
+  eager's additive mask; none for flash-attention, which reads the samples from the position ids). Estimated from
+  the module's code: what the all-to-alls and the mask allocate;
 - a vLLM worker: its CUDA context always (its own process), and while awake gpuMemoryUtilization x the GPU on
   top, all of it its weights, activations and KV cache (vLLM sizes the cache to fill its share); asleep nothing
   more (level 1 before the first rollout, its weights in pinned host memory; level 2 in the loop);
@@ -328,15 +338,15 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             held["NCCL peers"] = NCCL_PEERS
         gathered = min(shape.params, ZERO3_LIVE_PARAMETERS) * dtype if training.zero_stage == 3 and ranks > 1 else 0
         extra = {}
+        pass_of = SplitPass(training.sequence_parallel.size, sequence, response, role, model.attn_implementation, dtype)
         if online or role == "reference":  # rollouts are scored by every model; dpo's reference reads each batch
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size
             # A reward model scores while the hybrid engine is still awake (trainer._scored, before it sleeps).
             phase = "generate" if role == "reward" and hybrid else "score"
-            extra[phase] = gathered + _activations(shape, batch * sequence, batch * response, role, False, False)
+            extra[phase] = gathered + pass_of.activations(shape, batch, False, False)
         if role in TRAINED_ROLES:
             micro = training.micro_train_batch_size
-            extra["train"] = max(step, gathered + _activations(shape, micro * sequence, micro * response, role, True,
-                                                               model.gradient_checkpointing))
+            extra["train"] = max(step, gathered + pass_of.activations(shape, micro, True, model.gradient_checkpointing))
             if role == "actor" and online and tensor_parallel > 1:  # the sync's gather, after the step
                 extra["train"] = max(extra["train"], _sync_gather(spec, shape))
         for rank, bundle in enumerate(bundles):
@@ -386,6 +396,36 @@ def _sync_gather(spec: RLHFJobSpec, shape: Shape) -> int:
 
 def _model_spec(spec: RLHFJobSpec, role: str):
     return spec.models.source(role)[1]
+
+
+@dataclass(frozen=True)
+class SplitPass:
+    """One rank's share of a micro-batch's pass, its rows split over training.sequenceParallel.size ranks (1: whole);
+    see the module's docstring."""
+
+    size: int
+    sequence: int  # tokens of a row
+    response: int  # its positions whose logits are read
+    role: str
+    attention: str  # the model's attnImplementation
+    dtype: int  # bytes of the model's dtype
+
+    def activations(self, shape: Shape, rows: int, training: bool, checkpointing: bool) -> int:
+        tokens = -(-rows * self.sequence // self.size)
+        logits = rows * self.response if self.role == "teacher" else min(rows * self.response, tokens)
+        return _activations(shape, tokens, logits, self.role, training, checkpointing) + self.buffers(shape, rows, tokens)
+
+    def buffers(self, shape: Shape, rows: int, tokens: int) -> int:
+        """The all-to-all's pieces and what it receives, and the whole rows' mask (none unsplit)."""
+        if self.size == 1:
+            return 0
+        kv_width = shape.kv_bytes_per_token // (shape.layers * 4)  # keys' width (kv_bytes_per_token: k and v, 16 bits)
+        all_to_all = 2 * (2 * shape.hidden + 2 * kv_width) * tokens * self.dtype
+        mask = rows * self.sequence ** 2 * MASK_BYTES.get(self.attention, self.dtype)
+        return all_to_all + (0 if self.attention.startswith("flash") else mask)
+
+
+MASK_BYTES = {"sdpa": 1, "flash_attention_2": 0}  # per element of the whole rows' mask; eager's is the dtype's
 
 
 def _activations(shape: Shape, tokens: int, logit_tokens: int, role: str, training: bool, checkpointing: bool) -> int:
