@@ -15,7 +15,7 @@ CRD_FILE = Path(__file__).resolve().parents[1] / "crds" / "rlhf.dev_rlhfjobs.yam
 CATALOGUE_LISTS = {frozenset(names) for names in (
     algorithms.ONLINE, algorithms.GROUP_SAMPLES, algorithms.USES_CRITIC, algorithms.USES_BEST_OF_N,
     algorithms.ONE_STEP_PER_ROLLOUT, algorithms.USES_TEACHER, algorithms.NEEDS_REWARD, algorithms.CONDITIONED,
-    algorithms.ALWAYS_REFERENCED, algorithms.STEP_LABELLED,
+    algorithms.ALWAYS_REFERENCED, algorithms.STEP_LABELLED, algorithms.TAKES_IMAGES,
     *(algorithms.reading(dataset) for dataset in typing.get_args(algorithms.Dataset)))}
 
 

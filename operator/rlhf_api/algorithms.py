@@ -39,6 +39,9 @@ class AlgorithmInfo:
     conditioned: bool = False  # offline: each prompt carries its record's score (data.<dataset>.scoreKey)
     # offline: each response is a list of steps, each with a label (data.<dataset>.labelKey, data.stepSeparator)
     step_labelled: bool = False
+    # trains vision-language models on records with images (data.<dataset>.imageKey, image parts in messages):
+    # its models load as image-text-to-text models (the actor and reference; no value-head roles)
+    images: bool = False
     # spec.training fields (API names, TRAINING_DEFAULTS keys) this algorithm defaults differently
     defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -56,9 +59,9 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("ppo", "Schulman et al. 2017, arXiv:1707.06347; Ouyang et al. 2022, arXiv:2203.02155",
                   "prompts", ("actor", "critic"), advantage="gae"),
     AlgorithmInfo("grpo", "Shao et al. 2024, arXiv:2402.03300", "prompts", ("actor",),
-                  advantage="group-norm", group_samples=True),
+                  advantage="group-norm", group_samples=True, images=True),
     AlgorithmInfo("dr-grpo", "Liu et al. 2025, arXiv:2503.20783", "prompts", ("actor",),
-                  advantage="dr-grpo", group_samples=True, defaults={"lossAggregation": "seq-mean-token-sum-norm"}),
+                  advantage="dr-grpo", group_samples=True, images=True, defaults={"lossAggregation": "seq-mean-token-sum-norm"}),
     AlgorithmInfo("gspo", "Zheng et al. 2025, arXiv:2507.18071", "prompts", ("actor",), advantage="group-norm",
                   policy_loss="gspo", group_samples=True,
                   defaults={"clipEps": 3e-4, "clipEpsHigh": 4e-4, "lossAggregation": "seq-mean-token-mean"}),
@@ -66,7 +69,7 @@ CATALOGUE: tuple[AlgorithmInfo, ...] = (
     AlgorithmInfo("reinforce++-baseline", "Hu 2025, arXiv:2501.03262", "prompts", ("actor",),
                   advantage="reinforce++-baseline", group_samples=True),
     AlgorithmInfo("rloo", "Ahmadian et al. 2024, arXiv:2402.14740", "prompts", ("actor",),
-                  advantage="rloo", group_samples=True),
+                  advantage="rloo", group_samples=True, images=True),
     # Rejection sampling fine-tuning: the likelihood of each prompt's best samples, nothing of the rest.
     AlgorithmInfo("raft", "Dong et al. 2023, RAFT, arXiv:2304.06767", "prompts", ("actor",),
                   advantage="best-of-n", policy_loss="nll", group_samples=True),
@@ -115,6 +118,7 @@ NEEDS_REWARD: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.online and 
 ALWAYS_REFERENCED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if "reference" in a.roles)
 CONDITIONED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.conditioned)
 STEP_LABELLED: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.step_labelled)
+TAKES_IMAGES: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.images)
 USES_BEST_OF_N: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "best-of-n")
 # Weigh each sample by the policy that sampled it: exact for one optimizer step per rollout.
 ONE_STEP_PER_ROLLOUT: tuple[str, ...] = tuple(a.name for a in CATALOGUE if a.advantage == "dpo-pairs")

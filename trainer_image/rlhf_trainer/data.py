@@ -20,6 +20,8 @@ from pydantic.alias_generators import to_camel
 from rlhf_api.paths import is_hub_id, local_path
 from rlhf_api.v1alpha1 import DatasetSource, DatasetSpec, DataSpec
 
+from . import images
+
 log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
@@ -30,6 +32,11 @@ class PromptItem:
     prompt: str  # the text given to the generator (chat template applied)
     prompt_token_ids: list[int]  # its tokens, left-truncated to data.maxPromptTokens
     label: Any = None  # record[labelKey], handed to reward functions; None without labelKey
+    # Vision-language prompts (images.py): each image's resolved reference, what rewards, environments and the
+    # rollout engines get; and the processor's inputs of the images for the trainer's passes (pixel_values
+    # [patches, D], image_grid_thw [images, 3]); prompt_token_ids then hold each image's tokens, expanded.
+    images: tuple[str, ...] = ()
+    vision: dict | None = None
 
 
 # ------------------------------------------------------------------------------------- reading
@@ -281,7 +288,10 @@ class PromptDataset:
         """Read spec's sources (paths relative to base_dir), mix them with seed, render and tokenize;
         `field`: where the job holds spec, for error messages."""
         keys = {spec.input_key: prompt_check(spec.apply_chat_template), **({spec.label_key: None} if spec.label_key else {})}
-        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=field)
+        records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=field,
+                               prepare=image_prompt(spec, base_dir, field))
+        if any(record.get(IMAGES) for record in records):
+            return cls._with_images(records, spec, data, tokenizer, field)
         texts = [render_prompt(record[spec.input_key], tokenizer, spec.apply_chat_template) for record in records]
         # The chat template already wrote the special tokens the model expects.
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -297,6 +307,64 @@ class PromptDataset:
             log.warning("%d of %d prompts were longer than maxPromptTokens=%d and lost their beginning",
                         truncated, len(items), data.max_prompt_tokens)
         return cls(items)
+
+    @classmethod
+    def _with_images(cls, records: list[Record], spec: DatasetSpec, data: DataSpec, tokenizer, field: str) -> PromptDataset:
+        """Prompts of a vision-language model: rendered by the model's processor, which writes each image's
+        placeholder tokens (as many as the image's size gives) and its pixel inputs. A prompt with images is
+        never cut (its image tokens would be): one longer than maxPromptTokens is refused."""
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(tokenizer.name_or_path)
+        if getattr(processor, "image_processor", None) is None:
+            raise ValueError(f"{field} has images but the model {tokenizer.name_or_path!r} has no image processor: "
+                             "use a vision-language model (one whose processor_config.json names an image processor)")
+        items = []
+        for number, record in enumerate(records, 1):
+            refs = record.get(IMAGES) or ()
+            messages = record[spec.input_key] if refs else images.with_images(record[spec.input_key], [])
+            text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            inputs = processor(text=[text], images=record.get(PICTURES) or None, return_tensors="pt")
+            ids = inputs["input_ids"][0].tolist()
+            if len(ids) > data.max_prompt_tokens:
+                raise ValueError(f"{field}: prompt {number} (of the mixture) with its images is {len(ids)} tokens, more than "
+                                 f"data.maxPromptTokens={data.max_prompt_tokens}, and cutting it would cut its image "
+                                 "tokens: raise maxPromptTokens, or shrink the images (the processor's max_pixels)")
+            vision = {key: inputs[key] for key in VISION_INPUTS if key in inputs} if refs else None
+            items.append(PromptItem(text, ids, record[spec.label_key] if spec.label_key else None, tuple(refs), vision))
+        return cls(items)
+
+
+IMAGES = "__images__"  # a record's resolved image references, in the order its prompt shows them (image_prompt)
+PICTURES = "__pictures__"  # and the images they name, read (PIL, RGB)
+VISION_INPUTS = ("pixel_values", "image_grid_thw")  # the processor's outputs a vision-language model's passes read
+
+
+def image_prompt(spec: DatasetSpec, base_dir: Path, field: str) -> Callable[[Record], Record]:
+    """A record's prompt with its images (images.py: message parts, and imageKey's before the first user
+    message's text), each reference resolved; the references under IMAGES, the images read under PICTURES. A
+    record with an image that cannot be found or read is refused (load_records names it), never skipped."""
+    def prepare(record: Record) -> Record:
+        prompt = record.get(spec.input_key)
+        if not isinstance(prompt, str) and not images.is_chat(prompt):
+            return record  # prompt_check says what is wrong with it
+        listed = record.get(spec.image_key) if spec.image_key else None  # a record without images lacks the key
+        if listed is not None and (problem := images.images_check(listed)):
+            raise ValueError(f"{spec.image_key!r} ({field}.imageKey) {problem}")
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        if not listed and not images.message_refs(prompt):
+            return record
+        if not spec.apply_chat_template:
+            raise ValueError(f"has images, which only the chat template places: set {field}.applyChatTemplate: true")
+        messages = images.with_images(prompt, listed)
+        refs = [images.resolve(ref, base_dir, spec.fetch_image_urls) for ref in images.message_refs(messages)]
+        resolved = iter(refs)
+        for message in messages:
+            if isinstance(message["content"], list):
+                message["content"] = [{**part, "image": next(resolved)} if part.get("type") == images.IMAGE_PART
+                                      else part for part in message["content"]]
+        return {**record, spec.input_key: messages, IMAGES: refs, PICTURES: [images.load(ref) for ref in refs]}
+    return prepare
 
 
 # ------------------------------------------------------------------------------------- batching

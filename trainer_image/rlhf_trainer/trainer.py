@@ -45,7 +45,7 @@ import ray
 import torch
 from torch import Tensor
 
-from rlhf_api.algorithms import ALGORITHMS, NEEDS_REWARD
+from rlhf_api.algorithms import ALGORITHMS, NEEDS_REWARD, TAKES_IMAGES, prose
 from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
@@ -134,6 +134,9 @@ class Trainer(RunLoop):
         self.rollout = self.spec.rollout
         dataset = PromptDataset.from_spec(self.spec.data.prompts, self.spec.data, self.tokenizer,
                                           base_dir=self.base_dir, seed=self.training.seed)
+        if (with_images := sum(bool(item.images) for item in dataset.items)) and not ALGORITHMS[self.spec.algorithm].images:
+            raise ValueError(f"data.prompts: {with_images} prompts have images (image parts in their messages), and "
+                             f"{self.spec.algorithm} does not take images: use one of {prose(TAKES_IMAGES)}")
         self._use_data(PromptLoader(dataset, self.training.rollout_batch_size, seed=self.training.seed,
                                     shuffle=self.spec.data.prompts.shuffle), passes=self.training.episodes)
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt

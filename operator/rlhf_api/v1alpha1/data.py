@@ -51,6 +51,16 @@ class DatasetSpec(APIModel):
     """Record key of the preferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as for outputKey (OpenRLHF's preference datasets without a prompt key); a pair's chats share the messages before their last."""
     rejected_key: str = Field("rejected", max_length=128)
     """Record key of the dispreferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as chosenKey's."""
+    image_key: str | None = Field(None, max_length=128, description=(
+        "Record key of the record's images, for vision-language models: an image reference or a list of them, "
+        "placed before the text of the prompt's first user message (the model's processor writes each image's "
+        "placeholder tokens). A reference is a path relative to the data file's directory (or absolute), an "
+        "http(s) URL (with fetchImageUrls) or the image's bytes in base64 (a data: URI or bare). Images may also be "
+        'written in the chat messages themselves, a content part {"type": "image", "image": REF} each. A record '
+        "whose image cannot be read is refused with its number and the reason, never skipped. Only "
+        f"{prose(algorithms.TAKES_IMAGES)} take images."))
+    fetch_image_urls: bool = False
+    """Read images given as http(s) URLs (the trainer's pods fetch them at the start and the rollout engines at each rollout); false refuses a record with one: store the images beside the data instead."""
     apply_chat_template: bool = True
     """Render prompts with the tokenizer's chat template."""
     max_samples: int | None = Field(None, ge=1)

@@ -107,6 +107,15 @@ OBJECT_RULES = [
 ]
 
 
+def image_rule(dataset: str) -> tuple[str, str, str]:
+    """data.<dataset>.imageKey only for the algorithms that take images (the catalogue's `images`)."""
+    return (f"!has(self.data.{dataset}) || !has(self.data.{dataset}.imageKey) || "
+            f"self.algorithm in {cel_list(algorithms.TAKES_IMAGES)}",
+            f"data.{dataset}.imageKey gives the records images, and this algorithm does not take images (its models "
+            f"load as text models): choose one that does ({prose(algorithms.TAKES_IMAGES)}) or remove "
+            f"data.{dataset}.imageKey", f".data.{dataset}.imageKey")
+
+
 class RLHFJobSpec(APIModel):
     """An RLHF or RL post-training run."""
 
@@ -143,6 +152,7 @@ class RLHFJobSpec(APIModel):
          "has(self.data.sft.labelKey))",
          f"{prose(algorithms.STEP_LABELLED)} learns each step's label: set data.sft.labelKey to the records' list of "
          "step labels (and data.sft.outputKey to their list of steps)", ".data"),
+        *(image_rule(dataset) for dataset in ("prompts", "preferences", "sft")),
         (f"!(self.algorithm in {cel_list(algorithms.GROUP_SAMPLES)}) || self.rollout.samplesPerPrompt > 1",
          "this algorithm compares several samples of each prompt: set rollout.samplesPerPrompt to 2 or more (4-16 is usual)",
          ".rollout.samplesPerPrompt"),

@@ -260,6 +260,8 @@ class TrainingSpec(APIModel):
     """0: rollout and training alternate. N > 0: rollouts run up to N batches ahead of training (off-policy by up to N updates)."""
     pack_samples: bool = True
     """Pack each micro-batch's samples into rows without padding in the language models' forward and backward passes (actor and reference log-probs, the sft, dpo, ipo, cdpo and kto steps; not the critic's or reward model's): position ids restart at each sample and attention stays within it, with every models.*.attnImplementation. false pads every sample to the longest."""
+    freeze_vision_tower: bool = True
+    """Vision-language models: keep the vision encoder's weights (its patch embedding and blocks) as loaded, training the language model and the projector that feeds it image features (most recipes' choice: the tower is already good at seeing, and its gradients cost memory). The weight sync then never sends the tower. false trains it too. Text-only models have no tower: no effect."""
     seed: int = 42
     """Random seed for data order, sampling and initialisation."""
 

@@ -1,0 +1,91 @@
+"""Vision-language models (issue 54): the tiny Qwen2-VL built offline, the colour task whose answer only the
+image gives, and prompts that carry images (paths, base64, message parts; bad images refused)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
+from rlhf_trainer.data import PromptDataset
+from rlhf_trainer.tiny_vlm import CHANCE, COLOURS, QUESTION, build_tiny_vlm, colour_task
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm") / "model")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_vlm):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_vlm)
+
+
+def _prompts(tokenizer, directory: Path, records: list[dict], max_prompt_tokens: int = 256, **spec) -> PromptDataset:
+    (directory / "prompts.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    dataset = DatasetSpec(sources=[{"path": "prompts.jsonl"}], label_key="label", shuffle=False, **spec)
+    return PromptDataset.from_spec(dataset, DataSpec(prompts=dataset, max_prompt_tokens=max_prompt_tokens), tokenizer,
+                                   base_dir=directory, seed=0)
+
+
+def test_the_colour_task_asks_one_question_of_images_the_held_out_split_never_shows(tiny_vlm, tokenizer, tmp_path):
+    from transformers import AutoConfig
+
+    train, held_out = colour_task(tmp_path, 24, seed=0, split="train"), colour_task(tmp_path, 8, seed=1, split="held-out")
+    assert {record["prompt"][0]["content"][1]["text"] for record in train + held_out} == {QUESTION}  # the text tells nothing
+    assert {record["label"] for record in train} == set(COLOURS) and CHANCE == 1 / 4
+    shown = {(tmp_path / record["prompt"][0]["content"][0]["image"]).read_bytes() for record in train}
+    assert not shown & {(tmp_path / record["prompt"][0]["content"][0]["image"]).read_bytes() for record in held_out}
+
+    dataset = _prompts(tokenizer, tmp_path, train[:2])
+    config = AutoConfig.from_pretrained(tiny_vlm)
+    for item, record in zip(dataset.items, train):
+        grid = item.vision["image_grid_thw"]
+        merged = int(grid.prod()) // config.vision_config.spatial_merge_size ** 2
+        assert item.prompt_token_ids.count(config.image_token_id) == merged == 4  # the image's tokens, expanded
+        assert item.vision["pixel_values"].shape[0] == int(grid.prod())
+        assert item.images == (str(tmp_path / record["prompt"][0]["content"][0]["image"]),)  # the reference, resolved
+        assert item.label == record["label"]
+
+
+def test_images_come_as_paths_base64_or_data_uris_by_message_part_or_image_key(tokenizer, tmp_path):
+    [record] = colour_task(tmp_path, 1, seed=2, split="train")
+    path = record["prompt"][0]["content"][0]["image"]
+    encoded = base64.b64encode((tmp_path / path).read_bytes()).decode()
+    records = [
+        record,
+        {"prompt": QUESTION, "images": path, "label": "a"},  # imageKey: before the first user message's text
+        {"prompt": QUESTION, "images": [f"data:image/png;base64,{encoded}"], "label": "b"},
+        {"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": encoded}},
+                                                 {"type": "text", "text": QUESTION}]}], "label": "c"},
+        {"prompt": "Say a.", "label": "d"},  # a text prompt beside them
+    ]
+    items = _prompts(tokenizer, tmp_path, records, image_key="images").items
+    assert len({tuple(item.prompt_token_ids) for item in items[:4]}) == 1  # one image, one question: the same prompt
+    assert all(item.vision["pixel_values"].equal(items[0].vision["pixel_values"]) for item in items[1:4])
+    assert items[2].images[0].startswith("data:image/png;base64,") and items[3].images[0] == encoded
+    assert items[4].images == () and items[4].vision is None
+
+
+@pytest.mark.parametrize("image, reason", [
+    ("missing.png", "image 'missing.png' not found"),
+    ("broken.png", "is not a readable image"),
+    ("https://example.com/a.png", "is a URL and this dataset may not fetch: set fetchImageUrls: true"),
+    ("data:image/png;base64,@@@", "is not valid base64"),
+])
+def test_a_bad_image_is_refused_with_its_record_and_the_reason(tokenizer, tmp_path, image, reason):
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    records = colour_task(tmp_path, 2, seed=3, split="train")
+    records.insert(1, {"prompt": QUESTION, "images": [image], "label": "a"})
+    with pytest.raises(ValueError, match=r"data\.prompts\.sources\[0\] \(prompts\.jsonl\) record 2: .*" + reason.replace(".", r"\.")):
+        _prompts(tokenizer, tmp_path, records, image_key="images")
+
+
+def test_a_prompt_with_images_is_refused_rather_than_cut(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"prompt 1 \(of the mixture\) with its images is \d+ tokens, more than data.maxPromptTokens=16"):
+        _prompts(tokenizer, tmp_path, colour_task(tmp_path, 1, seed=0, split="train"), max_prompt_tokens=16)
