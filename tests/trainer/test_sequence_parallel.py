@@ -26,7 +26,10 @@ from rlhf_trainer.workers.engine import ModelConfig
 pytestmark = pytest.mark.timeout(300)
 
 RANKS = 2
-CASES = [(attention, role) for attention in ("sdpa", "eager") for role in ("actor", "critic")]
+# attention, role, LoRA adapters (the split touches attention and the token layout only: adapters train alike)
+CASES = [(attention, role, False) for attention in ("sdpa", "eager") for role in ("actor", "critic")]
+CASES.append(("sdpa", "actor", True))
+NAMES = [f"{attention}-{role}" + ("-lora" if lora else "") for attention, role, lora in CASES]
 TOLERANCE = 1e-5  # the largest difference over the largest entry, float32
 STEPS = 3
 # Adam steps a weight by about the learning rate whatever its gradient's size, and float32 sums in another
@@ -57,16 +60,17 @@ def _experience() -> Experience:
     )
 
 
-def _config(path: str, role: str, attention: str, split: int) -> ModelConfig:
+def _config(path: str, role: str, attention: str, lora: bool, split: int) -> ModelConfig:
     training = TrainingSpec(
         zero_stage=0, bf16=False, learning_rate=LEARNING_RATE, critic_learning_rate=LEARNING_RATE, lr_warmup_ratio=0,
         lr_scheduler="constant", train_batch_size=4, micro_train_batch_size=1, micro_rollout_batch_size=4,
         max_grad_norm=1.0, entropy_coef=0.01, sequence_parallel={"size": split})
-    return ModelConfig(role=role, path=path, model=ModelSpec(path=path, dtype="float32", attn_implementation=attention),
+    model = ModelSpec(path=path, dtype="float32", attn_implementation=attention, lora={"rank": 8} if lora else None)
+    return ModelConfig(role=role, path=path, model=model,
                        training=training, optimizer_steps=STEPS, max_new_tokens=6)
 
 
-def run_case(path: str, role: str, attention: str, split: int, rank: int, world_size: int) -> dict:
+def run_case(path: str, attention: str, role: str, lora: bool, split: int, rank: int, world_size: int) -> dict:
     """The passes of one model: reads of every token, the first step's losses and gradients, the weights after
     STEPS optimizer steps of the same 4 micro-batches."""
     from rlhf_trainer.workers.engine import load_model
@@ -74,7 +78,7 @@ def run_case(path: str, role: str, attention: str, split: int, rank: int, world_
     from rlhf_trainer.workers.objectives import policy_step, value_step
 
     torch.manual_seed(0)  # the critic's score head
-    model = load_model(_config(path, role, attention, split), rank, world_size)
+    model = load_model(_config(path, role, attention, lora, split), rank, world_size)
     experience = _experience()
     initial = {name: p.detach().clone() for name, p in model.engine.module.named_parameters()}
     with model.scoring(), torch.no_grad():
@@ -98,7 +102,7 @@ def _rank_main(rank: int, store_path: str, path: str, out: str) -> None:
 
     store = torch.distributed.FileStore(store_path, RANKS)
     init_distributed(rank, RANKS, store, use_gpu=False)
-    results = {f"{attention}-{role}": run_case(path, role, attention, RANKS, rank, RANKS) for attention, role in CASES}
+    results = {name: run_case(path, *case, RANKS, rank, RANKS) for name, case in zip(NAMES, CASES)}
     torch.save(results, Path(out) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
@@ -133,7 +137,7 @@ def split_and_whole(tiny_model, tmp_path_factory):
     saved = dict(os.environ)
     try:
         init_distributed(0, 1, open_store(1, COLLECTIVE_TIMEOUT), use_gpu=False)
-        whole = {f"{attention}-{role}": run_case(str(tiny_model), role, attention, 1, 0, 1) for attention, role in CASES}
+        whole = {name: run_case(str(tiny_model), *case, 1, 0, 1) for name, case in zip(NAMES, CASES)}
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -146,7 +150,7 @@ def split_and_whole(tiny_model, tmp_path_factory):
     return {case: (split[0][case], split[1][case], whole[case]) for case in whole}
 
 
-@pytest.mark.parametrize("case", [f"{attention}-{role}" for attention, role in CASES])
+@pytest.mark.parametrize("case", NAMES)
 def test_two_ranks_splitting_every_row_train_as_one_rank(split_and_whole, case):
     first, second, whole = split_and_whole[case]
     real = whole["real"][:, -whole["reads"].shape[1]:]  # a padded row's padding reads nothing
