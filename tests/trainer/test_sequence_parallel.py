@@ -26,10 +26,12 @@ from rlhf_trainer.workers.engine import ModelConfig
 pytestmark = pytest.mark.timeout(300)
 
 RANKS = 2
-# attention, role, LoRA adapters (the split touches attention and the token layout only: adapters train alike)
-CASES = [(attention, role, False) for attention in ("sdpa", "eager") for role in ("actor", "critic")]
-CASES.append(("sdpa", "actor", True))
-NAMES = [f"{attention}-{role}" + ("-lora" if lora else "") for attention, role, lora in CASES]
+# attention, role, LoRA adapters (the split touches attention and the token layout only: adapters train alike),
+# ZeRO stage (ZeRO-3 shards over both ranks and reduces the gradients its own way: its default reduce-scatter
+# averaged them over all ranks, halving them; the clipped critic's weights then drifted by 1.5e-4)
+CASES = [(attention, role, False, 0) for attention in ("sdpa", "eager") for role in ("actor", "critic")]
+CASES += [("sdpa", "actor", True, 0), ("sdpa", "critic", False, 3)]
+NAMES = [f"{attention}-{role}" + ("-lora" if lora else "") + f"-zero{stage}" for attention, role, lora, stage in CASES]
 TOLERANCE = 1e-5  # the largest difference over the largest entry, float32
 STEPS = 3
 # Adam steps a weight by about the learning rate whatever its gradient's size, and float32 sums in another
@@ -60,9 +62,9 @@ def _experience() -> Experience:
     )
 
 
-def _config(path: str, role: str, attention: str, lora: bool, split: int) -> ModelConfig:
+def _config(path: str, role: str, attention: str, lora: bool, stage: int, split: int) -> ModelConfig:
     training = TrainingSpec(
-        zero_stage=0, bf16=False, learning_rate=LEARNING_RATE, critic_learning_rate=LEARNING_RATE, lr_warmup_ratio=0,
+        zero_stage=stage, bf16=False, learning_rate=LEARNING_RATE, critic_learning_rate=LEARNING_RATE, lr_warmup_ratio=0,
         lr_scheduler="constant", train_batch_size=4, micro_train_batch_size=1, micro_rollout_batch_size=4,
         max_grad_norm=1.0, entropy_coef=0.01, sequence_parallel={"size": split})
     model = ModelSpec(path=path, dtype="float32", attn_implementation=attention, lora={"rank": 8} if lora else None)
@@ -70,31 +72,35 @@ def _config(path: str, role: str, attention: str, lora: bool, split: int) -> Mod
                        training=training, optimizer_steps=STEPS, max_new_tokens=6)
 
 
-def run_case(path: str, attention: str, role: str, lora: bool, split: int, rank: int, world_size: int) -> dict:
-    """The passes of one model: reads of every token, the first step's losses and gradients, the weights after
-    STEPS optimizer steps of the same 4 micro-batches."""
+def run_case(path: str, attention: str, role: str, lora: bool, stage: int, split: int, rank: int,
+             world_size: int) -> dict:
+    """The passes of one model: reads of every token, the first step's losses and gradients (ZeRO-0: whole on each
+    rank), the gradient norm of each step, the weights after STEPS optimizer steps of the same 4 micro-batches."""
     from rlhf_trainer.workers.engine import load_model
     from rlhf_trainer.workers.group import micro_batches_per_rank
     from rlhf_trainer.workers.objectives import policy_step, value_step
+    from rlhf_trainer.workers.weights import state_dict
 
     torch.manual_seed(0)  # the critic's score head
-    model = load_model(_config(path, role, attention, lora, split), rank, world_size)
+    model = load_model(_config(path, role, attention, lora, stage, split), rank, world_size)
     experience = _experience()
-    initial = {name: p.detach().clone() for name, p in model.engine.module.named_parameters()}
+    initial = state_dict(model)  # whole, on rank 0 (a collective under ZeRO-3)
     with model.scoring(), torch.no_grad():
         read = model.action_log_probs if role == "actor" else model.action_values
         reads = read(experience.sequences, experience.attention_mask, experience.num_actions)
     grads: list[dict] = []
-    model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.append(
-        {name: p.grad.clone() for name, p in model.engine.module.named_parameters() if p.grad is not None}))
+    if stage == 0:
+        model.engine.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.append(
+            {name: p.grad.clone() for name, p in model.engine.module.named_parameters() if p.grad is not None}))
     step = policy_step if role == "actor" else value_step
     [micro_batches] = micro_batches_per_rank(experience, 1, train_batch_size=4, micro_batch_size=1, epochs=1,
                                              generator=torch.Generator().manual_seed(0))
     losses = [[step(model, batch) for batch in micro_batches] for _ in range(STEPS)]
-    assert len(grads) == STEPS, f"{len(grads)} optimizer steps, not {STEPS}"
-    weights = {name: p.detach().clone() for name, p in model.engine.module.named_parameters()}
-    return {"reads": reads, "losses": losses[0], "grads": grads[0], "weights": weights,
-            "moved": model_relative_difference(weights, initial), "real": experience.attention_mask.bool()}
+    assert len(model.grad_norms) == STEPS, f"{len(model.grad_norms)} optimizer steps, not {STEPS}"
+    weights = state_dict(model)
+    return {"reads": reads, "losses": losses[0], "grads": grads[:1], "norms": model.grad_norms, "weights": weights,
+            "moved": model_relative_difference(weights, initial) if rank == 0 else None,
+            "real": experience.attention_mask.bool()}
 
 
 def _rank_main(rank: int, store_path: str, path: str, out: str) -> None:
@@ -112,7 +118,7 @@ def relative_difference(split, whole) -> float:
     if isinstance(whole, dict):
         return max(relative_difference(split[key], whole[key]) for key in whole)
     if isinstance(whole, list):
-        return max(relative_difference(a, b) for a, b in zip(split, whole))
+        return max((relative_difference(a, b) for a, b in zip(split, whole)), default=0.0)
     split, whole = torch.as_tensor(split, dtype=torch.float64), torch.as_tensor(whole, dtype=torch.float64)
     return float((split - whole).abs().max() / whole.abs().max().clamp(min=1e-30))
 
@@ -157,13 +163,16 @@ def test_two_ranks_splitting_every_row_train_as_one_rank(split_and_whole, case):
     differences = {
         "reads": relative_difference(first["reads"][real], whole["reads"][real]),
         "losses": relative_difference(first["losses"], whole["losses"]),
-        "grads": relative_difference(first["grads"], whole["grads"]),
+        "grads": relative_difference(first["grads"], whole["grads"]) if whole["grads"] else 0.0,
+        "norms": relative_difference(first["norms"], whole["norms"]),
         "weights": model_relative_difference(first["weights"], whole["weights"]),
     }
     print(case, differences)
     assert max(differences.values()) <= TOLERANCE, differences
     assert whole["moved"] > 10 * TOLERANCE, "the weights must move for their comparison to say anything"
-    assert relative_difference(second, first) == 0.0, "the ranks of a sequence-parallel group disagree"
+    shared = ("reads", "losses", "grads", "norms")  # the weights come whole to rank 0 only
+    assert relative_difference([second[key] for key in shared], [first[key] for key in shared]) == 0.0, \
+        "the ranks of a sequence-parallel group disagree"
 
 
 if __name__ == "__main__":

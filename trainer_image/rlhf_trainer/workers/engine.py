@@ -28,11 +28,14 @@ from ..losses import token_log_probs
 from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
 from .packing import pack, unpack_logits
+from .vision import NEVER_SAMPLED_BIAS, freeze_tower, is_vision_language, model_inputs, never_sampled
 from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
 from .sequence_parallel import ATTENTION as sequence_parallel_attention
 from .sequence_parallel import Read, SequenceParallel, heads_problem
 from .sequence_parallel import initialize as initialize_sequence_parallel
 
+# The roles a vision-language model may fill (image-text-to-text models): the policy and its reference.
+VISION_LANGUAGE_ROLES = ("actor", "reference")
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine_with_min_lr": "cosine_with_min_lr"}
 MIN_LR_RATE = 0.1  # cosine_with_min_lr decays to a tenth of the peak learning rate
 
@@ -68,6 +71,11 @@ def deepspeed_config(cfg: ModelConfig, world_size: int) -> dict:
     training, trainable = cfg.training, cfg.role in TRAINED_ROLES
     stage = training.zero_stage if trainable else (3 if training.zero_stage == 3 else 0)
     zero: dict = {"stage": stage}
+    if stage == 3 and training.sequence_parallel.size > 1:
+        # ZeRO-3's reduce-scatter path (DeepSpeed 0.19) averages the gradients over all ranks, ignoring the
+        # sequence-parallel groups whose ranks' gradients add up (half the gradient at size 2, seen); its
+        # all-reduce path divides by ranks / size as ZeRO-1 and 2 do.
+        zero["reduce_scatter"] = False
     if trainable and training.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
     micro = training.micro_train_batch_size if trainable else training.micro_rollout_batch_size
@@ -153,14 +161,26 @@ class Model:
     peft: Any = None  # with models.<role>.lora: the PeftModel around the engine's module (lora.py)
     grad_norms: list[float] = field(default_factory=list)  # per optimizer step, see backward_step
     sequence_parallel: SequenceParallel | None = None  # training.sequenceParallel.size > 1: this rank's share
+    # A vision-language model's vision tower, frozen (training.freezeVisionTower): its parameters' names,
+    # which the weight sync never sends (vLLM loaded them from the same checkpoint)
+    frozen_tower: set[str] = field(default_factory=set)
 
     @property
     def device(self) -> torch.device:
         return self.engine.device
 
-    def action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+    def action_logits(self, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                      vision: dict[str, Tensor] | None = None) -> Tensor:
         """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature; the
-        samples packed without padding with training.packSamples (packing.py)."""
+        samples packed without padding with training.packSamples (packing.py). vision: the rows' image
+        inputs (vision.py), read padded: the model computes its multimodal positions from the mask."""
+        if vision is not None:
+            inputs = model_inputs(sequences, num_actions, vision["pixel_values"], vision["image_grid_thw"],
+                                  self.engine.module.config.image_token_id)
+            logits = self.engine(input_ids=sequences, attention_mask=attention_mask, logits_to_keep=num_actions + 1,
+                                 use_cache=False, **inputs).logits[:, :-1].float()
+            logits[..., never_sampled(self.engine.module.config)] += NEVER_SAMPLED_BIAS  # as the engines sample
+            return logits / (self.cfg.temperature or 1.0)
         if self.sequence_parallel is not None:  # gathered whole: the reads below keep them split
             return self.action_reads(sequences, attention_mask, num_actions, lambda logits, at: logits)[0]
         if self.cfg.training.pack_samples:
@@ -176,12 +196,13 @@ class Model:
             ).logits[:, :-1]
         return logits.float() / (self.cfg.temperature or 1.0)
 
-    def action_reads(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, *reads: Read) -> list[Tensor]:
+    def action_reads(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, *reads: Read,
+                     vision: dict[str, Tensor] | None = None) -> list[Tensor]:
         """Each read(logits [..., V], at) -> [..., ...] of the logits predicting the last num_actions tokens, as
         [B, T, ...]: `at` indexes a [B, T] tensor at the positions the logits are of (the whole [B, T] here;
         a rank's own positions under sequence parallelism, where no rank holds a whole row's logits)."""
-        if self.sequence_parallel is None:
-            logits = self.action_logits(sequences, attention_mask, num_actions)
+        if self.sequence_parallel is None or vision is not None:
+            logits = self.action_logits(sequences, attention_mask, num_actions, vision)
             return [read(logits, (slice(None), slice(None))) for read in reads]
         if self.cfg.training.pack_samples:
             packed = pack(sequences, attention_mask, num_actions,
@@ -198,11 +219,12 @@ class Model:
         return self.sequence_parallel.action_reads(self.engine, rows, wanted, (len(sequences), num_actions),
                                                    self.cfg.temperature or 1.0, reads)
 
-    def action_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
+    def action_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                         vision: dict[str, Tensor] | None = None) -> Tensor:
         """log pi of each of the last num_actions tokens [B, T] (padding included: mask it)."""
         targets = sequences[:, -num_actions:]
         return self.action_reads(sequences, attention_mask, num_actions,
-                                 lambda logits, at: token_log_probs(logits, targets[at]))[0]
+                                 lambda logits, at: token_log_probs(logits, targets[at]), vision=vision)[0]
 
     def token_values(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
         """A sequence classifier's score at every position [B, S] (split over the sequence-parallel ranks)."""
@@ -284,7 +306,8 @@ class Model:
 def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     """The role's model from cfg.path inside a DeepSpeed engine (torch.distributed must be up)."""
     import deepspeed
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
+                              AutoModelForSequenceClassification, AutoTokenizer)
     from transformers.integrations import HfDeepSpeedConfig
 
     split = cfg.training.sequence_parallel.size
@@ -295,7 +318,13 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     lora = cfg.model.lora if trainable else None
     load = dict(dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation,
                 revision=cfg.model.revision, quantization_config=quantization_config(lora))
-    if cfg.role in CAUSAL_LM_ROLES:
+    config = AutoConfig.from_pretrained(cfg.path, revision=cfg.model.revision)
+    if cfg.role in CAUSAL_LM_ROLES and is_vision_language(config):
+        if cfg.role not in VISION_LANGUAGE_ROLES:
+            raise ValueError(f"models.{cfg.role} is a vision-language model ({cfg.path}); the {cfg.role} loads as a "
+                             "text model only: give it a text model's path")
+        hf_model = AutoModelForImageTextToText.from_pretrained(cfg.path, **load)
+    elif cfg.role in CAUSAL_LM_ROLES:
         hf_model = AutoModelForCausalLM.from_pretrained(cfg.path, **load)
     else:
         hf_model = AutoModelForSequenceClassification.from_pretrained(cfg.path, num_labels=1, **load)
@@ -307,6 +336,8 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
         if problem := heads_problem(hf_model.config.to_dict(), split):  # a hub model's, unknown to checks.py
             raise ValueError(problem)
         hf_model.set_attn_implementation(sequence_parallel_attention)
+    # Before LoRA, so that its modules are those of the language model (and the projector) only.
+    frozen_tower = freeze_tower(hf_model) if trainable and cfg.training.freeze_vision_tower else set()
     peft = apply_lora(hf_model, lora, cfg.role) if lora else None  # in place: hf_model stays the module
     if not trainable:
         hf_model.requires_grad_(False)
@@ -321,4 +352,5 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
         # Alone, a rank has nothing to all-reduce, yet at every accumulation boundary DeepSpeed's ZeRO-0 path
         # flattens all gradients into one copy to reduce and copies them back (0.5 GB for 135M parameters).
         engine.enable_backward_allreduce = False
-    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft, sequence_parallel=sequence_parallel)
+    return Model(cfg, rank, engine, tokenizer, zero3, hf_ds_config, peft=peft, sequence_parallel=sequence_parallel,
+                 frozen_tower=frozen_tower)
