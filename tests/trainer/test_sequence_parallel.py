@@ -175,5 +175,62 @@ def test_two_ranks_splitting_every_row_train_as_one_rank(split_and_whole, case):
         "the ranks of a sequence-parallel group disagree"
 
 
+SPLIT = {"training.sequenceParallel": {"size": 2}, "resources.gpus": {"actor": 2, "reference": 2}}
+
+
+def _tiny_job(**changes) -> dict:
+    """The tiny CPU example with its actor and reference split over 2 ranks each (valid), and `changes`."""
+    import yaml
+
+    manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/tiny-grpo-cpu-job.yaml").read_text())
+    for dotted, value in {**SPLIT, **changes}.items():
+        *parents, key = dotted.split(".")
+        node = manifest["spec"]
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = value
+    return manifest
+
+
+@pytest.mark.parametrize("changes, path, fix", [
+    ({"resources.gpus": {"actor": 3, "reference": 2}}, "spec.resources.gpus.actor", "make resources.gpus.actor a multiple"),
+    ({"resources.gpus": {"reference": 2}}, "spec.resources.gpus.actor", "set resources.gpus.actor (and every other"),
+    ({"training.tensorParallel": {"size": 2}}, "spec.training.tensorParallel.size", "use one of them"),
+], ids=["ranks", "cpu-ranks", "with-autotp"])
+def test_admission_refuses_what_sequence_parallelism_cannot_split_with_the_fix(changes, path, fix):
+    """The CEL rules the API server and `rlhf validate` apply."""
+    from rlhf_api.validation import InvalidJob, validate
+
+    validate(_tiny_job())
+    with pytest.raises(InvalidJob) as refused:
+        validate(_tiny_job(**changes))
+    assert any(error.path == path and fix in error.message for error in refused.value.errors), refused.value.errors
+
+
+def test_the_trainer_refuses_splits_the_heads_or_the_placed_ranks_do_not_divide(toy_job, tmp_path):
+    """The tiny model has 4 attention heads and 2 key-value heads: 2 ranks split it, 4 do not; a reference left to
+    the automatic placement (one rank on CPU) forms no group of 2 (checks.py, before Ray or any model starts)."""
+    from rlhf_api.validation import InvalidJob, validate
+    from rlhf_trainer.checks import check
+
+    def spec(size: int, gpus: dict):
+        import yaml
+
+        job = toy_job(**{"training.sequenceParallel": {"size": size}, "resources.gpus": gpus})
+        return validate(yaml.safe_load(job.read_text())).spec
+
+    placement = check(spec(2, {"actor": 2, "reference": 2}), tmp_path)
+    assert len(placement.ranks["actor"]) == len(placement.ranks["reference"]) == 2
+    with pytest.raises(InvalidJob) as refused:
+        check(spec(4, {"actor": 4, "reference": 4}), tmp_path)
+    assert [(e.path, e.message) for e in refused.value.errors] == [("spec.training.sequenceParallel.size", (
+        f"{role}: the model has 2 key-value heads, which sequence parallelism (DeepSpeed-Ulysses: each rank attends "
+        "with 1/size of them) cannot split over 4 ranks: set training.sequenceParallel.size to a divisor of 2"))
+        for role in ("actor", "reference")]
+    with pytest.raises(InvalidJob) as refused:
+        check(spec(2, {"actor": 2}), tmp_path)
+    assert [e.path for e in refused.value.errors] == ["spec.resources.gpus.reference"]
+
+
 if __name__ == "__main__":
     _rank_main(int(sys.argv[1]), *sys.argv[2:])
