@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-_SEQUENCE, _ACTION, _TOP_K, _SAMPLE = "sequence", "action", "top-k", "sample"
+_SEQUENCE, _ACTION, _TOP_K, _SAMPLE, _IMAGES = "sequence", "action", "top-k", "sample", "images"
 
 
 def _sequence():
@@ -40,6 +40,11 @@ def _top_k():
 def _sample():
     """An optional ``[B]`` per-sample field."""
     return field(default=None, metadata={"kind": _SAMPLE})
+
+
+def _images():
+    """An optional ``[B, N, ...]`` per-sample field of a varying count N (zero-padded by ``concat``)."""
+    return field(default=None, metadata={"kind": _IMAGES})
 
 
 @dataclass
@@ -79,6 +84,10 @@ class Experience:
     # [B] long: valid response tokens of the optimizer step that trains the sample, over all its
     # micro-batches and ranks (workers.group sets it; token-mean divides by it)
     step_tokens: Tensor | None = _sample()
+    # Vision-language prompts (workers/vision.py): [B, P, D] each sample's image patches and [B, I, 3] its
+    # images' patch grids, zero-padded
+    pixel_values: Tensor | None = _images()
+    image_grid_thw: Tensor | None = _images()
     # metric name -> [B] per-sample value (reward parts, truncation flags, ...)
     info: dict[str, Tensor] = field(default_factory=dict)
 
@@ -100,6 +109,8 @@ class Experience:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {actions + ('k',)}")
             if kind == _SAMPLE and tuple(value.shape) != (batch,):
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected ({batch},)")
+            if kind == _IMAGES and (value.dim() < 2 or value.shape[0] != batch):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected ({batch}, N, ...)")
 
     # -- introspection ------------------------------------------------------------------------
 
@@ -115,6 +126,12 @@ class Experience:
     @property
     def batch_size(self) -> int:
         return self.action_mask.shape[0]
+
+    @property
+    def vision(self) -> dict[str, Tensor] | None:
+        """The image inputs of the model's passes (None: a text batch)."""
+        return None if self.pixel_values is None else {"pixel_values": self.pixel_values,
+                                                       "image_grid_thw": self.image_grid_thw}
 
     @property
     def num_actions(self) -> int:
@@ -187,6 +204,9 @@ class Experience:
                     t = F.pad(t, (0, max_t - e.num_actions), value=0)
                 elif kind == _TOP_K:  # [B, T, k]
                     t = F.pad(t, (0, 0, 0, max_t - e.num_actions), value=0)
+                elif kind == _IMAGES:  # [B, N, ...]
+                    most = max(getattr(other, name).shape[1] for other in items)
+                    t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, most - t.shape[1]), value=0)
                 parts.append(t)
             return torch.cat(parts, dim=0)
 

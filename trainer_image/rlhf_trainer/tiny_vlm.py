@@ -44,11 +44,11 @@ CHAT_TEMPLATE = (
 
 
 def draw_square(letter: str, rng: random.Random):
-    """An IMAGE_SIZE square RGB image: a square of COLOURS[letter] (10 to 24 pixels a side) somewhere on GROUND."""
+    """An IMAGE_SIZE square RGB image: a square of COLOURS[letter] (24 to 44 pixels a side) somewhere on GROUND."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), GROUND)
-    side = rng.randint(10, 24)
+    side = rng.randint(24, 44)
     x, y = rng.randint(0, IMAGE_SIZE - side), rng.randint(0, IMAGE_SIZE - side)
     ImageDraw.Draw(image).rectangle((x, y, x + side - 1, y + side - 1), fill=COLOURS[letter][1])
     return image

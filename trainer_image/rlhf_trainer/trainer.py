@@ -69,6 +69,7 @@ from .rewards import RewardResult, build_reward
 from .sampling import Rollout, fill_batch, informative_groups, shape_rewards, staleness
 from .workers.group import ModelGroup, create_rollout_engines, mean_metrics
 from .workers.rollout import Completion
+from .workers.vision import batch_inputs
 from .workers.weight_sync import setup_weight_sync, sync_weights
 
 
@@ -244,8 +245,9 @@ class Trainer(RunLoop):
             return PendingRollout(prompts, [self.runner.run.remote(prompts, sampling)], data_position, sampling["n"])
         per_engine = -(-len(prompts) // len(self.engines))
         generations = [
-            engine.generate.remote([p.prompt_token_ids for p in prompts[i * per_engine:(i + 1) * per_engine]], sampling)
-            for i, engine in enumerate(self.engines) if prompts[i * per_engine:(i + 1) * per_engine]
+            engine.generate.remote([p.prompt_token_ids for p in share], sampling,
+                                   [p.images for p in share] if any(p.images for p in share) else None)
+            for i, engine in enumerate(self.engines) if (share := prompts[i * per_engine:(i + 1) * per_engine])
         ]
         return PendingRollout(prompts, generations, data_position, sampling["n"])
 
@@ -333,8 +335,9 @@ class Trainer(RunLoop):
         n = self.rollout.samples_per_prompt
         prompts, samples, reward = rollout.prompts, rollout.samples, rollout.reward
         sequences, attention_mask, action_mask = self._pack(prompts, samples)
+        vision = batch_inputs([p.vision for p in prompts])
 
-        scored = self._log_probs_and_values(sequences, attention_mask, action_mask)
+        scored = self._log_probs_and_values(sequences, attention_mask, action_mask, vision)
         kl, kl_penalty = self._kl(scored.actor, scored.reference, action_mask)
         advantages, returns = self._advantages(reward.total, action_mask, kl_penalty, scored)
         experience = Experience(
@@ -343,7 +346,7 @@ class Trainer(RunLoop):
             rollout_log_probs=self._pad([c.log_probs for c in samples], action_mask.shape[1], 0.0, torch.float32),
             advantages=advantages, returns=returns, rewards=reward.total, response_length=action_mask.sum(-1),
             group_ids=torch.arange(len(samples) // n).repeat_interleave(n),
-            **dict(zip(("teacher_logps", "teacher_ids"), scored.teacher_top or ())),
+            **dict(zip(("teacher_logps", "teacher_ids"), scored.teacher_top or ())), **(vision or {}),
         )
         metrics = self._rollout_metrics(experience, rollout)
         if scored.teacher is not None:  # the per-token reverse KL to the teacher (k1), distill's loss
@@ -360,10 +363,12 @@ class Trainer(RunLoop):
             result = RewardResult(torch.zeros(len(samples)), {}, torch.zeros(len(samples)))
         return shape_rewards(result, samples, self.spec)
 
-    def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Scored:
+    def _log_probs_and_values(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor,
+                              vision: dict[str, Tensor] | None = None) -> Scored:
         """3. the actor's, the reference's (with a KL penalty) and the teacher's (distill) log-probs of the
         response tokens, and (ppo) the critic's values; each group working on the whole batch, all
-        groups at once unless they share bundles (then one after another)."""
+        groups at once unless they share bundles (then one after another). vision: the rows' image inputs
+        (the algorithms that take images have no critic or teacher)."""
         num_actions = action_mask.shape[1]
         roles = [role for role in ("actor", "reference", "teacher", "critic") if role in self.groups
                  and not (role == "actor" and self.actor_scored_in_update)]
@@ -372,7 +377,7 @@ class Trainer(RunLoop):
         def start(role: str) -> Callable[[], Any]:
             if role == "teacher" and top_k:
                 return self.groups[role].start_top_log_probs(sequences, attention_mask, num_actions, top_k)
-            return self.groups[role].start_forward(sequences, attention_mask, num_actions)
+            return self.groups[role].start_forward(sequences, attention_mask, num_actions, vision)
 
         results = in_turns(self.placement, roles, start, lambda result: result())
         values = results["critic"] * action_mask if "critic" in results else None

@@ -22,6 +22,10 @@ class EvalDataset(APIModel):
     """Record key of the prompt (a string, or a list of chat messages)."""
     label_key: str | None = Field(None, max_length=128)
     """Record key passed to reward functions and environments as the label."""
+    image_key: str | None = Field(None, max_length=128)
+    """Record key of the record's images, as data.prompts.imageKey (vision-language models)."""
+    fetch_image_urls: bool = False
+    """Read images given as http(s) URLs, as data.prompts.fetchImageUrls."""
     apply_chat_template: bool = True
     """Render prompts with the tokenizer's chat template."""
     max_samples: int | None = Field(None, ge=1)

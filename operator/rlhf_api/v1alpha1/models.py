@@ -23,7 +23,7 @@ class LoRASpec(APIModel):
     target_modules: list[Annotated[str, Field(max_length=128)]] = Field(
         default_factory=lambda: ["all-linear"], max_length=64
     )
-    """Module names to adapt (e.g. q_proj, v_proj), or all-linear: every linear layer but the output head."""
+    """Module names to adapt (e.g. q_proj, v_proj), or all-linear: every linear layer but the output head (of a vision-language model, those of its language model: not its vision tower or projector)."""
     modules_to_save: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=64)
     """Modules trained whole beside the adapters (peft's modules_to_save; a name matches every module whose name ends with it), e.g. model.norm: the final norm's gain sets how sharp the output distribution can get, which adapters on the linear layers cannot change."""
     export_merged: bool = False

@@ -124,16 +124,21 @@ class ModelGroup:
         """Each data-parallel rank's output, in rank order (one of each split's ranks)."""
         return tensor_parallel.one_per_split(ray.get(refs), self.split)
 
-    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Tensor:
-        """Log-probs or values [B, T], the batch split over the ranks."""
-        return self.start_forward(sequences, attention_mask, num_actions)()
+    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                vision: dict[str, Tensor] | None = None) -> Tensor:
+        """Log-probs or values [B, T], the batch split over the ranks; vision: the rows' image inputs."""
+        return self.start_forward(sequences, attention_mask, num_actions, vision)()
 
-    def start_forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int) -> Callable[[], Tensor]:
+    def start_forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int,
+                      vision: dict[str, Tensor] | None = None) -> Callable[[], Tensor]:
         """`forward` sent to the ranks without waiting: calling the result waits for its output, so
         other groups can work on their passes meanwhile."""
         rows = sequences.shape[0]
+        pad = self._shards(rows)[1]
         shards, sequences, attention_mask = self._padded(sequences, attention_mask)
-        refs = [w.forward.remote(sequences[s], attention_mask[s], num_actions, self.base)
+        vision = vision and {key: torch.cat([t, t[-1:].expand(pad, *t.shape[1:])]) for key, t in vision.items()}
+        refs = [w.forward.remote(sequences[s], attention_mask[s], num_actions, self.base,
+                                 vision and {key: t[s] for key, t in vision.items()})
                 for w, s in zip(self.workers, shards)]
         return lambda: torch.cat(self._outputs(refs))[:rows]
 

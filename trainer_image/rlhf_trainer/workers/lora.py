@@ -23,6 +23,8 @@ from torch import Tensor, nn
 
 from rlhf_api.v1alpha1 import LoRASpec
 
+from .vision import is_vision_language, language_model_linears
+
 ADAPTER = "default"  # peft's name of the one adapter
 # peft's task type per trained role: a sequence classifier's score head trains whole with the adapters.
 TASK_TYPES = {"actor": "CAUSAL_LM", "critic": "SEQ_CLS", "rm": "SEQ_CLS"}
@@ -48,6 +50,8 @@ def apply_lora(model: nn.Module, spec: LoRASpec, role: str) -> Any:
     if spec.quantization != "none":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = spec.target_modules
+    if targets == ["all-linear"] and is_vision_language(model.config):  # the language model's layers only
+        targets = language_model_linears(model)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, task_type=TASK_TYPES[role],
                         target_modules="all-linear" if targets == ["all-linear"] else targets,
                         modules_to_save=spec.modules_to_save or None)

@@ -72,12 +72,14 @@ class ModelWorker:
     # -- forward passes --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, base: bool = False) -> Tensor:
+    def forward(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, base: bool = False,
+                vision: dict[str, Tensor] | None = None) -> Tensor:
         """Log-probs (actor, reference) or values (critic) of the response tokens, [B, T], in eval mode;
-        base: of the base model, LoRA adapters off (a LoRA actor serving as the reference)."""
+        base: of the base model, LoRA adapters off (a LoRA actor serving as the reference); vision: the rows'
+        image inputs (a vision-language model's, workers/vision.py)."""
         model = self.model
         read = model.action_values if model.cfg.role == "critic" else model.action_log_probs
-        return self._per_micro_batch(read, sequences, attention_mask, num_actions, base)
+        return self._per_micro_batch(read, sequences, attention_mask, num_actions, base, vision)
 
     @torch.no_grad()
     def top_log_probs(self, sequences: Tensor, attention_mask: Tensor, num_actions: int, k: int) -> tuple[Tensor, Tensor]:
@@ -89,7 +91,7 @@ class ModelWorker:
         return self._per_micro_batch(top, sequences, attention_mask, num_actions)
 
     def _per_micro_batch(self, read: Callable, sequences: Tensor, attention_mask: Tensor, num_actions: int,
-                         base: bool = False) -> Tensor | tuple[Tensor, ...]:
+                         base: bool = False, vision: dict[str, Tensor] | None = None) -> Tensor | tuple[Tensor, ...]:
         """read(sequences, attention_mask, num_actions) in eval mode over micro-batches (rollout micro size) of
         rows of like lengths (a micro-batch packs to its longest row); its tensor, or tuple of tensors, for
         every row in the order given, on the CPU; base: LoRA adapters off."""
@@ -100,7 +102,8 @@ class ModelWorker:
         with model.scoring(), model.base_weights() if base else nullcontext():
             for start in range(0, len(order), micro):
                 rows = order[start:start + micro]
-                out = read(sequences[rows].to(model.device), attention_mask[rows].to(model.device), num_actions)
+                images = {} if vision is None else {"vision": {key: t[rows].to(model.device) for key, t in vision.items()}}
+                out = read(sequences[rows].to(model.device), attention_mask[rows].to(model.device), num_actions, **images)
                 outputs.append(tuple(t.cpu() for t in out) if isinstance(out, tuple) else (out.cpu(),))
         given_order = order.argsort()
         joined = tuple(torch.cat(parts)[given_order] for parts in zip(*outputs))

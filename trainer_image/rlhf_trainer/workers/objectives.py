@@ -97,7 +97,8 @@ def policy_step(model: Model, exp: Experience) -> dict[str, float]:
         reads.append(lambda logits, at: top_k_divergence(logits, exp.teacher_logps[at], exp.teacher_ids[at],
                                                          training.distillation.jsd_beta))
     # Per-token reads, not the logits: under sequence parallelism no rank holds a whole row's logits.
-    log_probs, entropy, *divergence = model.action_reads(exp.sequences, exp.attention_mask, exp.num_actions, *reads)
+    log_probs, entropy, *divergence = model.action_reads(exp.sequences, exp.attention_mask, exp.num_actions, *reads,
+                                                         vision=exp.vision)
     scored_here = exp.action_log_probs is None
     old_log_probs = log_probs.detach() if scored_here else exp.action_log_probs
     per_token = POLICY_LOSSES[model.cfg.policy_loss](

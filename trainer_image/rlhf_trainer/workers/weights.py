@@ -43,12 +43,13 @@ def named_merged_parameters(model: Model, dtype: torch.dtype | None = None) -> I
         yield from bucket
 
 
-def merged_buckets(model: Model, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
-    """named_merged_parameters' weights, consecutive ones together up to bucket_bytes in `dtype`
-    (transfer_plan.bucket_ranges), each bucket's parameters gathered at once: one ZeRO-3 gather per
-    bucket instead of one per weight. A bucket is valid until the next one is asked for; every
-    rank must iterate."""
-    entries = merged_entries(model.engine.module)
+def merged_buckets(model: Model, dtype: torch.dtype | None, bucket_bytes: int,
+                   synced: bool = False) -> Iterator[list[tuple[str, Tensor]]]:
+    """named_merged_parameters' weights (synced: those the weight sync sends, synced_entries), consecutive
+    ones together up to bucket_bytes in `dtype` (transfer_plan.bucket_ranges), each bucket's parameters
+    gathered at once: one ZeRO-3 gather per bucket instead of one per weight. A bucket is valid until the
+    next one is asked for; every rank must iterate."""
+    entries = synced_entries(model) if synced else merged_entries(model.engine.module)
     sizes = [math.prod(shape) * (dtype or params[0].dtype).itemsize for _, shape, params, _ in entries]
     for bucket in bucket_ranges(sizes, bucket_bytes):
         params = list({id(p): p for _, _, entry_params, _ in entries[bucket.start:bucket.stop]
@@ -69,9 +70,15 @@ def full_parameters(model: Model, params: list, modifier_rank: int | None = None
     return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, enabled=model.zero3)
 
 
+def synced_entries(model: Model) -> list:
+    """The merged weights the weight sync sends: all but a frozen vision tower's (training.freezeVisionTower),
+    which the engines loaded from the same checkpoint and which never changes."""
+    return [entry for entry in merged_entries(model.engine.module) if entry[0] not in model.frozen_tower]
+
+
 def full_shapes(model: Model) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, full shape) per weight, in named_merged_parameters' order, without a gather."""
-    return [(name, shape) for name, shape, _, _ in merged_entries(model.engine.module)]
+    """(name, full shape) per weight the weight sync sends, in its order, without a gather."""
+    return [(name, shape) for name, shape, _, _ in synced_entries(model)]
 
 
 def state_dict(model: Model, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
