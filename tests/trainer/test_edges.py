@@ -22,7 +22,7 @@ from rlhf_trainer.algorithms import compute_kl, kl_in_loss
 from rlhf_trainer.algorithms.kl import KL_BOUND, LOG_RATIO_BOUND
 from rlhf_trainer.experience import Experience
 from rlhf_trainer.losses import aggregate_loss, ppo_policy_loss
-from rlhf_trainer.workers.engine import ModelConfig
+from rlhf_trainer.workers.engine import Model, ModelConfig
 from rlhf_trainer.workers.group import micro_batches_per_rank
 from rlhf_trainer.workers.objectives import policy_step
 
@@ -374,7 +374,10 @@ class LogitsModel:
     logits: torch.Tensor
     losses: list = field(default_factory=list)
 
-    def action_logits(self, sequences, attention_mask, num_actions):
+    sequence_parallel = None  # whole rows: Model.action_reads reads action_logits
+    action_reads = Model.action_reads
+
+    def action_logits(self, sequences, attention_mask, num_actions, vision=None):
         return self.logits
 
     def backward_step(self, loss):
