@@ -312,3 +312,39 @@ def test_rlhf_validate_prints_the_long_answer_plan_that_fits_only_with_sequence_
     whole.write_text(example.read_text().replace("size: 4", "size: 1"))
     assert main(["validate", "--gpu", "H100", "--model-configs", str(CONFIGS), str(whole)]) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_a_vision_language_model_s_tower_and_projector_are_counted_exactly(tmp_path):
+    """Qwen2-VL's (the tiny VLM) and Qwen2.5-VL's (a small random config) parameters, tower and projector apart."""
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
+
+    from rlhf_trainer.tiny_vlm import build_tiny_vlm
+
+    qwen25 = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=40, num_heads=2, out_hidden_size=64),
+        tie_word_embeddings=False)
+    for config in (json.loads((build_tiny_vlm(tmp_path / "tiny") / "config.json").read_text()), qwen25.to_dict()):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**config))
+        shape = Shape.from_config(config)
+        named = dict(model.named_parameters())
+        projector = sum(p.numel() for name, p in named.items() if ".visual.merger." in name)
+        tower = sum(p.numel() for name, p in named.items() if ".visual." in name) - projector
+        assert (shape.params, shape.vision.tower_params, shape.vision.projector_params) == (
+            sum(p.numel() for p in named.values()), tower, projector)
+
+
+def test_the_vlm_example_plans_its_tower_frozen_or_trained():
+    """The Qwen2.5-VL example: the frozen tower holds weights but no gradients or optimizer state, and its passes
+    add one tower block's activations over the rows' image patches (every block's when it trains)."""
+    frozen, trained = _plan(_job("qwen2.5-vl-grpo")), _plan(_job("qwen2.5-vl-grpo", **{"training.freezeVisionTower": False}))
+    spec = _job("qwen2.5-vl-grpo")
+    vision = Shape.from_config(json.loads((CONFIGS / "Qwen/Qwen2.5-VL-7B-Instruct/config.json").read_text())).vision
+    actor, trained_actor = frozen.gpus[0].processes[0], trained.gpus[0].processes[0]
+    assert actor.held["weights"] == trained_actor.held["weights"]
+    assert trained_actor.held["gradients"] - actor.held["gradients"] == vision.tower_params * 2 // 8
+    assert trained_actor.held["optimizer"] - actor.held["optimizer"] == vision.tower_params * 12 // 8
+    patches = spec.training.micro_train_batch_size * spec.data.max_prompt_tokens * vision.merge
+    assert trained_actor.extra["train"] - actor.extra["train"] == 34 * patches * vision.width * (vision.depth - 1)
+    assert frozen.fits and trained.fits

@@ -66,10 +66,26 @@ def test_images_come_as_paths_base64_or_data_uris_by_message_part_or_image_key(t
         {"prompt": "Say a.", "label": "d"},  # a text prompt beside them
     ]
     items = _prompts(tokenizer, tmp_path, records, image_key="images").items
-    assert len({tuple(item.prompt_token_ids) for item in items[:4]}) == 1  # one image, one question: the same prompt
-    assert all(item.vision["pixel_values"].equal(items[0].vision["pixel_values"]) for item in items[1:4])
+    same = [0, 1, 2, 3]  # one image, one question: the same prompt
+    assert len({tuple(items[i].prompt_token_ids) for i in same}) == 1
+    assert all(items[i].vision["pixel_values"].equal(items[0].vision["pixel_values"]) for i in same)
     assert items[2].images[0].startswith("data:image/png;base64,") and items[3].images[0] == encoded
     assert items[4].images == () and items[4].vision is None
+
+
+def test_a_hugging_face_dataset_s_image_column_with_image_markers(tokenizer, tmp_path):
+    """datasets' Image feature ({"bytes", "path"} in Parquet) and the text's <image> marker where the image goes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    [record] = colour_task(tmp_path, 1, seed=2, split="train")
+    image = {"bytes": (tmp_path / record["prompt"][0]["content"][0]["image"]).read_bytes(), "path": None}
+    pq.write_table(pa.Table.from_pylist([{"problem": f"<image>{QUESTION}", "images": [image], "label": "a"}]),
+                   tmp_path / "geometry.parquet")
+    dataset = DatasetSpec(sources=[{"path": "geometry.parquet"}], input_key="problem", image_key="images", label_key="label")
+    [item] = PromptDataset.from_spec(dataset, DataSpec(prompts=dataset), tokenizer, base_dir=tmp_path, seed=0).items
+    [expected] = _prompts(tokenizer, tmp_path, [record]).items
+    assert item.prompt_token_ids == expected.prompt_token_ids and item.images[0].startswith("data:image/png;base64,")
 
 
 @pytest.mark.parametrize("image, reason", [

@@ -25,6 +25,7 @@ DATA_URI = "data:"
 URL_SCHEMES = ("http://", "https://")
 FETCH_TIMEOUT_S = 30
 IMAGE_PART = "image"
+IMAGE_MARKER = "<image>"  # where a text's image goes, for data.<dataset>.imageKey's images
 
 
 def is_chat(value: Any) -> bool:
@@ -68,13 +69,31 @@ def with_images(prompt: Any, refs: list[Any]) -> list[dict]:
         first = next((m for m in messages if m.get("role") == "user"), None)
         if first is None:
             raise ValueError("has images (data imageKey) but no user message to put them in")
-        first["content"] = [{"type": IMAGE_PART, "image": ref} for ref in refs] + first["content"]
+        first["content"] = _placed(first["content"], refs)
     return messages
+
+
+def _placed(parts: list[dict], refs: list[Any]) -> list[dict]:
+    """A message's parts with an image part per ref: at the text's IMAGE_MARKERs when it has one per image (the
+    convention of datasets such as geometry3k: "<image>Find x."), else all before it."""
+    text = "".join(part.get("text", "") for part in parts if part.get("type") == "text")
+    if len(parts) == 1 and text.count(IMAGE_MARKER) == len(refs):
+        pieces = text.split(IMAGE_MARKER)
+        placed = [{"type": "text", "text": pieces[0]}] if pieces[0] else []
+        for ref, piece in zip(refs, pieces[1:]):
+            placed += [{"type": IMAGE_PART, "image": ref}] + ([{"type": "text", "text": piece}] if piece else [])
+        return placed
+    return [{"type": IMAGE_PART, "image": ref} for ref in refs] + parts
 
 
 def resolve(ref: Any, base_dir: Path, fetch_urls: bool) -> str:
     """The reference as rewards and engines get it: a path made absolute (and checked to exist), a URL
-    (allowed by fetchImageUrls), base64 as given. Raises ValueError saying what is wrong and what to do."""
+    (allowed by fetchImageUrls), base64 as given; an image a Hugging Face dataset holds (its Image feature: a
+    PIL image, or {"bytes", "path"}) as a base64 data URI. Raises ValueError saying what is wrong and what to do."""
+    if embedded := _embedded(ref):
+        return DATA_URI + "image/png;base64," + base64.b64encode(embedded).decode()
+    if isinstance(ref, dict) and ref.get("path"):
+        ref = ref["path"]
     if not isinstance(ref, str) or not ref:
         raise ValueError(f"an image reference must be a path, URL or base64 string, not {type(ref).__name__} {ref!r:.60}")
     if ref.startswith(URL_SCHEMES):
@@ -90,6 +109,17 @@ def resolve(ref: Any, base_dir: Path, fetch_urls: bool) -> str:
     if _is_base64(ref):
         return ref
     raise ValueError(f"image {ref[:80]!r} not found ({path.resolve()}): paths are relative to the data file's directory")
+
+
+def _embedded(ref: Any) -> bytes | None:
+    """The bytes of an image held in the record itself (datasets' Image feature), or None."""
+    if isinstance(ref, dict) and isinstance(ref.get("bytes"), bytes):
+        return ref["bytes"]
+    if hasattr(ref, "save") and hasattr(ref, "mode"):  # a PIL image
+        buffer = io.BytesIO()
+        ref.save(buffer, format="PNG")
+        return buffer.getvalue()
+    return None
 
 
 def _is_file(path: Path) -> bool:
@@ -146,6 +176,6 @@ def load(ref: str):
 def images_check(value: Any) -> str | None:
     """data.imageKey's value: a reference or a list of them."""
     refs = value if isinstance(value, list) else [value]
-    if all(isinstance(ref, str) and ref for ref in refs):
+    if all((isinstance(ref, str) and ref) or _embedded(ref) or (isinstance(ref, dict) and ref.get("path")) for ref in refs):
         return None
     return f"must be an image reference (path, URL or base64) or a list of them, not {type(value).__name__} {value!r:.60}"

@@ -45,6 +45,12 @@ The terms, per process on a GPU (bytes), and how each is calibrated:
   mask the sdpa and eager kernels read (rows x row length squared, 1 byte for sdpa's booleans, the dtype's for
   eager's additive mask; none for flash-attention, which reads the samples from the position ids). Estimated from
   the module's code: what the all-to-alls and the mask allocate;
+- a vision-language model (Shape.vision): its vision tower and projector among the weights (VisionShape: exact for
+  Qwen2-VL and Qwen2.5-VL); with training.freezeVisionTower the tower has no gradients or optimizer state; each
+  pass adds the tower's activations over the rows' image patches (image tokens x spatial_merge_size squared, the
+  image tokens bounded by data.maxPromptTokens, which a prompt with images never exceeds): one block's working set
+  at a time, every block's when the tower trains. The image tokens themselves are the row's tokens, already
+  counted. Estimated as the language model's layers are;
 - a vLLM worker: its CUDA context always (its own process), and while awake gpuMemoryUtilization x the GPU on
   top, all of it its weights, activations and KV cache (vLLM sizes the cache to fill its share); asleep nothing
   more (level 1 before the first rollout, its weights in pinned host memory; level 2 in the loop);
@@ -78,7 +84,7 @@ from the safetensors files' shared page cache). Treat a phase within a few GiB o
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS, CAUSAL_LM_ROLES, TRAINED_ROLES
@@ -142,10 +148,18 @@ class Shape:
     kv_bytes_per_token: int  # keys and values of every layer, per token, in 16 bits
     split_params: int = 0  # what AutoTP splits (training.tensorParallel): the layers' linear weights and biases
     largest_weight: int = 0  # parameters of the largest of those weights (a gathered one travels whole)
+    vision: VisionShape | None = None  # a vision-language model's tower and projector (counted in params too)
 
     @classmethod
     def from_config(cls, config: dict, value_head: bool = False) -> Shape:
-        """From a Hugging Face config.json; value_head: a sequence classifier with one label (critic, reward)."""
+        """From a Hugging Face config.json; value_head: a sequence classifier with one label (critic, reward). A
+        vision-language model's (its vision_config) adds its vision tower and projector (VisionShape)."""
+        if "vision_config" in config:
+            vision = VisionShape.from_config(config)
+            language = {key: value for key, value in config.get("text_config", config).items() if key != "vision_config"}
+            text = Shape.from_config({**language, "model_type": TEXT_MODEL_TYPES[config["model_type"]],
+                                      "tie_word_embeddings": config.get("tie_word_embeddings", False)}, value_head)
+            return replace(text, params=text.params + vision.tower_params + vision.projector_params, vision=vision)
         text = config.get("text_config", config)
         hidden = text.get("hidden_size") or text["n_embd"]
         layers = text.get("num_hidden_layers") or text["n_layer"]
@@ -164,6 +178,45 @@ class Shape:
         largest = hidden * max(text.get("intermediate_size") or text.get("n_inner") or 4 * hidden, heads * head_dim)
         return cls(params, layers, hidden, vocab, layers * 2 * kv_heads * head_dim * 2,
                    layers * (_layer_params(text, hidden, heads, kv_heads, head_dim) - norms), largest)
+
+
+# A vision-language model's language model, by the model's model_type: the text layout _layer_params counts.
+TEXT_MODEL_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """A vision-language model's vision tower (patch embedding and blocks: what training.freezeVisionTower freezes)
+    and its projector (the merger into the language model's width), counted from config.json's vision_config:
+    exact for Qwen2-VL's and Qwen2.5-VL's (tested against transformers' models)."""
+
+    tower_params: int
+    projector_params: int
+    width: int  # a patch's width through the blocks
+    depth: int  # blocks
+    merge: int  # patches per image token (spatial_merge_size squared)
+
+    @classmethod
+    def from_config(cls, config: dict) -> VisionShape:
+        kind, vision = config["model_type"], config["vision_config"]
+        if kind not in TEXT_MODEL_TYPES:
+            raise ValueError(f"model_type {kind!r}: the memory plan counts the vision-language models "
+                             f"{', '.join(TEXT_MODEL_TYPES)}")
+        merge = vision.get("spatial_merge_size", 2)
+        channels = vision.get("in_channels") or vision.get("in_chans", 3)
+        if kind == "qwen2_vl":  # LayerNorms with biases, a plain MLP of mlp_ratio
+            width = vision["embed_dim"]
+            inner, out, norm = width * vision.get("mlp_ratio", 4), vision["hidden_size"], 2 * width
+            mlp = 2 * width * inner + inner + width
+        else:  # qwen2_5_vl: RMSNorms, a gated MLP with biases
+            width, inner, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+            norm = width
+            mlp = 3 * width * inner + 2 * inner + width
+        block = 2 * norm + (width * 3 * width + 3 * width) + (width * width + width) + mlp
+        patch = channels * vision.get("temporal_patch_size", 2) * vision.get("patch_size", 14) ** 2 * width
+        merged = width * merge * merge
+        projector = norm + (merged * merged + merged) + (merged * out + out)
+        return cls(vision["depth"] * block + patch, projector, width, vision["depth"], merge * merge)
 
 
 def _layer_params(text: dict, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -312,6 +365,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
     # The logits of the response positions only (logits_to_keep); offline rows' responses may fill the row.
     response = (spec.rollout.max_new_tokens + 1 if online else spec.data.max_tokens) * preference
     hybrid = placement.engines_colocated
+    prompt = spec.data.max_prompt_tokens if online else spec.data.max_tokens  # a row's image tokens, at most
     gpus = [GPUPlan(i, [], 0.0) for i in range(placement.bundles)]
     for role, bundles in placement.ranks.items():
         if role == ROLLOUT:
@@ -325,14 +379,16 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
         held = {"weights": params * dtype // split(3)}
         host = {"process": HOST_PROCESS}
         trained = role in TRAINED_ROLES and model.lora is None
+        frozen_tower = shape.vision is not None and training.freeze_vision_tower
+        learnt = params - (shape.vision.tower_params if frozen_tower else 0)  # what has gradients and optimizer state
         step = 0  # the optimizer step's own memory, once the activations are freed
         if trained:
-            held["gradients"] = params * dtype // split(2)
+            held["gradients"] = learnt * dtype // split(2)
             if training.offload_optimizer:
-                host["optimizer (offloaded)"] = params * 16 // split(1)
+                host["optimizer (offloaded)"] = learnt * 16 // split(1)
             else:
-                held["optimizer"] = params * (8 if dtype == 4 and training.zero_stage == 0 else 12) // split(1)
-                step = params * 4 // split(1) if dtype == 2 else 0
+                held["optimizer"] = learnt * (8 if dtype == 4 and training.zero_stage == 0 else 12) // split(1)
+                step = learnt * 4 // split(1) if dtype == 2 else 0
             held["deepspeed buffers"] = deepspeed_buffers(dtype, training.autocasts(model.dtype))
         if len(bundles) > 1:
             held["NCCL peers"] = NCCL_PEERS
@@ -343,10 +399,11 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
             batch = training.micro_rollout_batch_size if online else training.micro_train_batch_size
             # A reward model scores while the hybrid engine is still awake (trainer._scored, before it sleeps).
             phase = "generate" if role == "reward" and hybrid else "score"
-            extra[phase] = gathered + pass_of.activations(shape, batch, False, False)
+            extra[phase] = gathered + pass_of.activations(shape, batch, False, False) + _tower_pass(shape, batch, prompt, False)
         if role in TRAINED_ROLES:
             micro = training.micro_train_batch_size
-            extra["train"] = max(step, gathered + pass_of.activations(shape, micro, True, model.gradient_checkpointing))
+            tower = _tower_pass(shape, micro, prompt, not frozen_tower)
+            extra["train"] = max(step, gathered + pass_of.activations(shape, micro, True, model.gradient_checkpointing) + tower)
             if role == "actor" and online and tensor_parallel > 1:  # the sync's gather, after the step
                 extra["train"] = max(extra["train"], _sync_gather(spec, shape))
         for rank, bundle in enumerate(bundles):
@@ -437,6 +494,17 @@ def _activations(shape: Shape, tokens: int, logit_tokens: int, role: str, traini
         return logits + layer  # one layer's working set at a time
     layers = shape.layers * tokens * shape.hidden * 2 + layer if checkpointing else shape.layers * layer
     return logits + layers
+
+
+def _tower_pass(shape: Shape, rows: int, image_tokens: int, trained: bool) -> int:
+    """Bytes of a micro-batch's pass through a vision-language model's tower: `rows` rows of at most image_tokens
+    image tokens each (a prompt with images is never cut: data.maxPromptTokens bounds them), merge patches a token,
+    through one block at a time (34 x patches x width bytes, 16 bits, as the language model's layers), or every
+    block when the tower trains (freezeVisionTower false: their activations kept for the backward pass)."""
+    if shape.vision is None:
+        return 0
+    patches = rows * image_tokens * shape.vision.merge
+    return 34 * patches * shape.vision.width * (shape.vision.depth if trained else 1)
 
 
 def shapes_of(spec: RLHFJobSpec, placement: Placement, config_of) -> dict[str, Shape]:

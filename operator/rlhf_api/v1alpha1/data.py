@@ -53,8 +53,9 @@ class DatasetSpec(APIModel):
     """Record key of the dispreferred completion (dpo, ipo, cdpo, rm): text, or a whole chat as chosenKey's."""
     image_key: str | None = Field(None, max_length=128, description=(
         "Record key of the record's images, for vision-language models: an image reference or a list of them, "
-        "placed before the text of the prompt's first user message (the model's processor writes each image's "
-        "placeholder tokens). A reference is a path relative to the data file's directory (or absolute), an "
+        "placed in the prompt's first user message at its text's <image> markers when it has one per image, else "
+        "before its text (the model's processor writes each image's placeholder tokens). A Hugging Face dataset's "
+        "Image column works as it is. A reference is a path relative to the data file's directory (or absolute), an "
         "http(s) URL (with fetchImageUrls) or the image's bytes in base64 (a data: URI or bare). Images may also be "
         'written in the chat messages themselves, a content part {"type": "image", "image": REF} each. A record '
         "whose image cannot be read is refused with its number and the reason, never skipped. Only "
