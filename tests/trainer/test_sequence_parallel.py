@@ -196,7 +196,8 @@ def _tiny_job(**changes) -> dict:
     ({"resources.gpus": {"actor": 3, "reference": 2}}, "spec.resources.gpus.actor", "make resources.gpus.actor a multiple"),
     ({"resources.gpus": {"reference": 2}}, "spec.resources.gpus.actor", "set resources.gpus.actor (and every other"),
     ({"training.tensorParallel": {"size": 2}}, "spec.training.tensorParallel.size", "use one of them"),
-], ids=["ranks", "cpu-ranks", "with-autotp"])
+    ({"data.prompts.imageKey": "image"}, "spec.training.sequenceParallel.size", "vision-language model's passes"),
+], ids=["ranks", "cpu-ranks", "with-autotp", "images"])
 def test_admission_refuses_what_sequence_parallelism_cannot_split_with_the_fix(changes, path, fix):
     """The CEL rules the API server and `rlhf validate` apply."""
     from rlhf_api.validation import InvalidJob, validate

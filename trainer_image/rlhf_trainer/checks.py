@@ -24,7 +24,7 @@ from rlhf_api.validation import FieldError, InvalidJob
 
 from .data import missing_dataset
 from .rewards.process import STEP_SEPARATOR_KEY
-from .workers.sequence_parallel import heads_problem
+from .workers.sequence_parallel import split_problem
 from .workers.tensor_parallel import TRAINED_WITH_AUTOTP
 
 
@@ -276,7 +276,7 @@ def _sequence_parallel_problems(spec: RLHFJobSpec, placement: Placement, base_di
             errors.append(FieldError(f"spec.resources.gpus.{role}", f"the {role} has {ranks} ranks, which do not form "
                                      f"groups of training.sequenceParallel.size {size}: set resources.gpus.{role} to "
                                      "a multiple of it"))
-        if problem := heads_problem(_local_config(spec, role, base_dir), size):
+        if problem := split_problem(_local_config(spec, role, base_dir), size):
             errors.append(FieldError("spec.training.sequenceParallel.size", f"{role}: {problem}"))
     return errors
 

@@ -77,6 +77,10 @@ SEQUENCE_PARALLEL_RULES = (
     *((f"!{SP_ON} || !has(self.resources.gpus.{role}) || self.resources.gpus.{role} % {SP_SIZE} == 0",
        f"the {role}'s ranks form groups of training.sequenceParallel.size that split each row: make "
        f"resources.gpus.{role} a multiple of it", f".resources.gpus.{role}") for role in RoleGPUs.model_fields),
+    (f"!{SP_ON} || !has(self.data.prompts) || !has(self.data.prompts.imageKey)",
+     "a vision-language model's passes read whole rows (its image positions are computed over the row), and "
+     "training.sequenceParallel splits them: remove training.sequenceParallel or data.prompts.imageKey",
+     ".training.sequenceParallel.size"),
     (f"!{SP_ON} || self.resources.gpusPerNode > 0 || has(self.resources.gpus.actor)",
      "on CPU a role has one rank unless resources.gpus.<role> says more: set resources.gpus.actor (and every other "
      "model's) to a multiple of training.sequenceParallel.size", ".resources.gpus.actor"),

@@ -31,7 +31,7 @@ from .packing import pack, unpack_logits
 from .vision import NEVER_SAMPLED_BIAS, freeze_tower, is_vision_language, model_inputs, never_sampled
 from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
 from .sequence_parallel import ATTENTION as sequence_parallel_attention
-from .sequence_parallel import Read, SequenceParallel, heads_problem
+from .sequence_parallel import Read, SequenceParallel, split_problem
 from .sequence_parallel import initialize as initialize_sequence_parallel
 
 # The roles a vision-language model may fill (image-text-to-text models): the policy and its reference.
@@ -333,7 +333,7 @@ def load_model(cfg: ModelConfig, rank: int, world_size: int) -> Model:
     tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.model.revision)
     sequence_parallel, mpu = initialize_sequence_parallel(split, cfg.model.attn_implementation) if split > 1 else (None, None)
     if sequence_parallel:
-        if problem := heads_problem(hf_model.config.to_dict(), split):  # a hub model's, unknown to checks.py
+        if problem := split_problem(hf_model.config.to_dict(), split):  # a hub model's, unknown to checks.py
             raise ValueError(problem)
         hf_model.set_attn_implementation(sequence_parallel_attention)
     # Before LoRA, so that its modules are those of the language model (and the projector) only.

@@ -199,9 +199,13 @@ class SequenceParallel:
         return gather_shares(whole, self.group)[:, :width]
 
 
-def heads_problem(config: dict, size: int) -> str | None:
+def split_problem(config: dict, size: int) -> str | None:
     """Why a model of this config.json (a dict) cannot split its rows over `size` ranks, with the fix; None if it can:
-    each rank attends with 1/size of the attention heads and of the key-value heads."""
+    each rank attends with 1/size of the attention heads and of the key-value heads, and reads text only (a
+    vision-language model's image positions come from the whole row: its passes are not split)."""
+    if "vision_config" in config:
+        return ("a vision-language model's passes read whole rows (its image positions are computed over the row), "
+                "and sequence parallelism splits them: remove training.sequenceParallel")
     config = config.get("text_config", config)
     heads = config.get("num_attention_heads")
     counts = {"attention heads": heads, "key-value heads": config.get("num_key_value_heads", heads)}
