@@ -187,3 +187,22 @@ def test_lora_adapts_the_language_model_only(tiny_vlm):
     adapted = {name.split(".lora_A.")[0] for name, _ in module.named_parameters() if ".lora_A." in name}
     assert adapted and all(".language_model." in name for name in adapted)
     assert any(name.endswith("self_attn.q_proj") for name in adapted) and any(name.endswith("mlp.down_proj") for name in adapted)
+
+
+def test_rewards_that_take_images_get_the_references_and_the_others_do_not(tmp_path):
+    """A function with an images keyword gets each prompt's image references; one without is called as before."""
+    import sys
+
+    from rlhf_api.v1alpha1 import RewardSpec
+    from rlhf_trainer.rewards import build_reward
+
+    (tmp_path / "rewards.py").write_text(
+        "seen = []\n\n"
+        "def text(prompts, completions, labels):\n    seen.append(None)\n    return [0.0] * len(prompts)\n\n"
+        "def vision(prompts, completions, labels, images=None):\n    seen.append(images)\n    return [1.0] * len(prompts)\n")
+    spec = RewardSpec(sources=[{"name": name, "type": "function", "function": {"entrypoint": f"rewards.py:{name}"}}
+                               for name in ("text", "vision")])
+    images = [["/data/train/0.png"], ["data:image/png;base64,iVBORw0KGgo="]]
+    result = build_reward(spec, base_dir=tmp_path).score(["p", "q"], ["a", "b"], ["a", "b"], images)
+    assert sys.modules["rlhf_reward_text"].seen == [None] and sys.modules["rlhf_reward_vision"].seen == [images]
+    assert result.by_source["vision"].tolist() == [1.0, 1.0]

@@ -358,7 +358,8 @@ class Trainer(RunLoop):
         environment's episode reward, the length penalties, and their weighted total."""
         texts = self.tokenizer.batch_decode([c.token_ids for c in samples], skip_special_tokens=True)
         if self.reward:
-            result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts])
+            result = self.reward.score([p.prompt for p in prompts], texts, [p.label for p in prompts],
+                                       [list(p.images) for p in prompts] if any(p.images for p in prompts) else None)
         else:
             result = RewardResult(torch.zeros(len(samples)), {}, torch.zeros(len(samples)))
         return shape_rewards(result, samples, self.spec)

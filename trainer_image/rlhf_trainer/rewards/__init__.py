@@ -5,6 +5,9 @@
 
 Source types are a registry (SOURCE_BUILDERS): a builder turns a RewardSource into a scorer,
 `scorer(prompts, completions, labels) -> N numbers`. Scores are checked here, once for all types.
+A scorer that takes an `images` keyword (a function with that parameter or **kwargs, an http source) also
+gets each prompt's images of a vision-language job: their references (data.PromptItem.images: absolute
+paths, URLs or base64 data URIs), a list per prompt, never the pixels.
 """
 
 from __future__ import annotations
@@ -82,14 +85,27 @@ def _as_scores(values: Any, count: int, source: RewardSource) -> Tensor:
     return scores
 
 
+def takes_images(scorer: Scorer) -> bool:
+    """Whether a scorer takes the prompts' image references: an `images` parameter, or **kwargs."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(scorer).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return False
+    return any(p.name == "images" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 class Reward:
     """Weighted sources; see build_reward."""
 
     def __init__(self, sources: list[tuple[RewardSource, Scorer]]):
         self.sources = sources
 
-    def score(self, prompts: list[str], completions: list[str], labels: list[Any] | None = None) -> RewardResult:
-        """Scores of N completions: prompts[i] (as given to the generator), completions[i], labels[i]."""
+    def score(self, prompts: list[str], completions: list[str], labels: list[Any] | None = None,
+              images: list[list[str]] | None = None) -> RewardResult:
+        """Scores of N completions: prompts[i] (as given to the generator), completions[i], labels[i]; images[i]
+        the prompt's image references, for the scorers that take them."""
         labels = [None] * len(prompts) if labels is None else list(labels)
         if not len(prompts) == len(completions) == len(labels):
             raise ValueError(f"got {len(prompts)} prompts, {len(completions)} completions and {len(labels)} labels; they must match")
@@ -97,7 +113,7 @@ class Reward:
         by_source = {}
         for source, scorer in self.sources:
             try:
-                values = scorer(prompts, completions, labels)
+                values = scorer(prompts, completions, labels, **({"images": images} if images and takes_images(scorer) else {}))
             except Exception as error:
                 raise RewardError(f"{_describe(source)} failed: {error}") from error
             by_source[source.name] = _as_scores(values, len(prompts), source)

@@ -35,12 +35,14 @@ class HTTPScorer:
         self.backoff, self.sleep = backoff, sleep
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    def __call__(self, prompts: list[str], completions: list[str], labels: list[Any]) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], labels: list[Any],
+                 images: list[list[str]] | None = None) -> list[float]:
+        """images: each prompt's image references (a vision-language job's), sent as the payload's "images"."""
         rewards = []
         for start in range(0, len(prompts), self.batch_size):
             end = start + self.batch_size
             rewards += self.post({"prompts": prompts[start:end], "completions": completions[start:end],
-                                  "labels": labels[start:end]})
+                                  "labels": labels[start:end], **({"images": images[start:end]} if images else {})})
         return rewards
 
     def post(self, payload: dict[str, Any]) -> list:
