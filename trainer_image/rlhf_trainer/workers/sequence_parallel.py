@@ -121,7 +121,8 @@ class Layout:
 # scores, flash-attention none (its varlen kernel reads the samples from the position ids).
 MASKS: dict[str, Callable[[Layout, torch.dtype], "Tensor | None"]] = {
     "sdpa": lambda layout, dtype: layout.allowed(),
-    "eager": lambda layout, dtype: torch.zeros((), dtype=dtype).masked_fill(~layout.allowed(), torch.finfo(dtype).min),
+    "eager": lambda layout, dtype: torch.zeros((), dtype=dtype, device=layout.real.device).masked_fill(
+        ~layout.allowed(), torch.finfo(dtype).min),
     "flash_attention_2": lambda layout, dtype: None,
     "flash_attention_3": lambda layout, dtype: None,
 }
