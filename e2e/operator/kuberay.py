@@ -83,10 +83,6 @@ class RayJobStatus:
     def suspended(self) -> dict[str, Any]:
         return self._released("Suspended")
 
-    def retried(self) -> dict[str, Any]:
-        """Retrying -> New once the failed attempt's cluster and submitter are deleted; status.failed is kept."""
-        return self._released("")
-
     def new(self) -> dict[str, Any]:
         return self.write(jobDeploymentStatus="", jobStatus="")
 

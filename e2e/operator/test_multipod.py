@@ -249,7 +249,7 @@ def steps_logged(run_dir: Path) -> list[int]:
 def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
         control_plane, kube, kube_api, namespace, operator, pod_runtime, trainer_image, tiny_model, tmp_path):
     """backoffLimit 1: a worker pod holding a model rank is SIGKILLed a step past a checkpoint; the Ray job
-    fails saying where the run will resume, KubeRay retries on a new cluster with a new submission, the
+    fails saying where the run will resume, KubeRay retries on a new cluster (the same submission id), the
     RLHFJob says which attempt it is on (status and a Warning event), and the run resumes from the
     checkpoint on the shared claim, losing at most one interval."""
     core, steps, interval = kube_api.core, 20, 4  # a tiny step takes about half a second: room to kill mid-run
@@ -274,7 +274,7 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     wait_for(lambda: (kube.get("RayJob", namespace, rayjob_name).get("status") or {}).get("failed") == 1, 300,
              "KubeRay to count the failed attempt")
     saved, logged = newest(run_dir), steps_logged(run_dir)
-    first_submission = kube.get("RayJob", namespace, rayjob_name)["status"].get("jobId")
+    first_cluster = victim.metadata.labels["ray.io/cluster"]
 
     try:
         job = wait_end(kube, namespace, "podkill", pod_runtime, started)
@@ -286,7 +286,7 @@ def test_a_killed_worker_pod_is_retried_and_resumes_from_the_shared_checkpoint(
     assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
     ray_status = kube.get("RayJob", namespace, rayjob_name)["status"]
     assert (ray_status["failed"], ray_status["succeeded"]) == (1, 1)
-    assert ray_status["jobId"] != first_submission  # a new submission id, as KubeRay draws for each attempt
+    assert ray_status["rayClusterName"] != first_cluster  # attempt 2 on a new cluster (the same submission id)
     assert job["status"]["progress"]["step"] == steps and job["status"]["lastCheckpoint"]["step"] == steps
 
     # The failed attempt's driver said where the next one resumes; the next one did.

@@ -15,9 +15,8 @@ Ray's Jobs API, and the RayJob status KubeRay writes as the Ray job moves is wri
 e2e/operator/kuberay.py for that status shape).
 
 A Ray job that fails with attempts left (RayJob spec.backoffLimit) leaves the RayJob Retrying, as
-KubeRay does; `retry()` then does KubeRay's part of a retry: the attempt's cluster deleted (this
-head stopped), the RayJob back to New, and a new head started, with a new cluster name and
-submission id, whose Ray job is submitted by `run_job()` again.
+KubeRay does. The retry itself (a new cluster) is not played: e2e/operator/test_multipod.py has
+KubeRay's own controller retry on its own pods.
 
 This seam is for the tests written before e2e/pods/kubelet.py, which plays every pod KubeRay
 creates with KubeRay running. What it does not do: pull images (the local virtualenv is the "image"), worker pods (the head
@@ -203,13 +202,6 @@ class HeadPod:
                 return state, logs
             time.sleep(1)
         raise TimeoutError(f"Ray job {job_id} did not finish in {timeout:.0f}s")
-
-    def retry(self) -> HeadPod:
-        """KubeRay's retry after `run_job` left the RayJob Retrying: a new head in place of this one."""
-        assert self.kube.get("RayJob", self.namespace, self.name)["status"]["jobDeploymentStatus"] == "Retrying"
-        self.stop()  # KubeRay deletes the failed attempt's RayCluster (and submitter) ...
-        self.status.retried()  # ... then resets the cluster and job fields: New
-        return HeadPod(self.cp, self.kube, self.core, self.namespace, self.name).start()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
