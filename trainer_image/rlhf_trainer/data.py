@@ -310,34 +310,47 @@ class PromptDataset:
 
     @classmethod
     def _with_images(cls, records: list[Record], spec: DatasetSpec, data: DataSpec, tokenizer, field: str) -> PromptDataset:
-        """Prompts of a vision-language model: rendered by the model's processor, which writes each image's
-        placeholder tokens (as many as the image's size gives) and its pixel inputs. A prompt with images is
-        never cut (its image tokens would be): one longer than maxPromptTokens is refused."""
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(tokenizer.name_or_path)
-        if getattr(processor, "image_processor", None) is None:
-            raise ValueError(f"{field} has images but the model {tokenizer.name_or_path!r} has no image processor: "
-                             "use a vision-language model (one whose processor_config.json names an image processor)")
+        """Prompts of a vision-language model: rendered by the model's processor (processed_prompt), which writes
+        each image's placeholder tokens (as many as the image's size gives) and its pixel inputs."""
+        processor = image_processor(tokenizer, field)
         items = []
         for number, record in enumerate(records, 1):
-            refs = record.get(IMAGES) or ()
-            messages = record[spec.input_key] if refs else images.with_images(record[spec.input_key], [])
-            text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            inputs = processor(text=[text], images=record.get(PICTURES) or None, return_tensors="pt")
-            ids = inputs["input_ids"][0].tolist()
-            if len(ids) > data.max_prompt_tokens:
-                raise ValueError(f"{field}: prompt {number} (of the mixture) with its images is {len(ids)} tokens, more than "
-                                 f"data.maxPromptTokens={data.max_prompt_tokens}, and cutting it would cut its image "
-                                 "tokens: raise maxPromptTokens, or shrink the images (the processor's max_pixels)")
-            vision = {key: inputs[key] for key in VISION_INPUTS if key in inputs} if refs else None
-            items.append(PromptItem(text, ids, record[spec.label_key] if spec.label_key else None, tuple(refs), vision))
+            text, ids, vision = processed_prompt(processor, record, spec.input_key, data, f"{field}: prompt {number}")
+            items.append(PromptItem(text, ids, record[spec.label_key] if spec.label_key else None,
+                                    tuple(record.get(IMAGES) or ()), vision))
         return cls(items)
 
 
 IMAGES = "__images__"  # a record's resolved image references, in the order its prompt shows them (image_prompt)
 PICTURES = "__pictures__"  # and the images they name, read (PIL, RGB)
 VISION_INPUTS = ("pixel_values", "image_grid_thw")  # the processor's outputs a vision-language model's passes read
+
+
+def image_processor(tokenizer, field: str):
+    """The model's processor (AutoProcessor beside its tokenizer), refused without an image processor."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tokenizer.name_or_path)
+    if getattr(processor, "image_processor", None) is None:
+        raise ValueError(f"{field} has images but the model {tokenizer.name_or_path!r} has no image processor: "
+                         "use a vision-language model (one whose processor_config.json names an image processor)")
+    return processor
+
+
+def processed_prompt(processor, record: Record, input_key: str, data: DataSpec, where: str) -> tuple[str, list[int], dict | None]:
+    """A record's prompt rendered by the processor (image_prompt's record): its text, its tokens with each image's
+    tokens written out, and its images' inputs (None without images). A prompt with images is never cut (its
+    image tokens would be): one longer than data.maxPromptTokens is refused."""
+    refs = record.get(IMAGES) or ()
+    messages = record[input_key] if refs else images.with_images(record[input_key], [])
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[text], images=record.get(PICTURES) or None, return_tensors="pt")
+    ids = inputs["input_ids"][0].tolist()
+    if len(ids) > data.max_prompt_tokens:
+        raise ValueError(f"{where} (of the mixture) with its images is {len(ids)} tokens, more than "
+                         f"data.maxPromptTokens={data.max_prompt_tokens}, and cutting it would cut its image "
+                         "tokens: raise maxPromptTokens, or shrink the images (the processor's max_pixels)")
+    return text, ids, {key: inputs[key] for key in VISION_INPUTS if key in inputs} if refs else None
 
 
 def image_prompt(spec: DatasetSpec, base_dir: Path, field: str) -> Callable[[Record], Record]:

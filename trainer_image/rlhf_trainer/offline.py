@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 import ray
 import torch
 
+from rlhf_api.algorithms import TAKES_IMAGES, prose
 from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import RLHFJob, RLHFJobSpec
 
@@ -100,6 +101,9 @@ class OfflineTrainer(RunLoop):
             base_dir=self.base_dir, seed=self.training.seed, name=self.algorithm.dataset,
             flag_key=self.objective.flag_key(data_spec), conditioned_on_score=self.algorithm.conditioned,
             step_labelled=self.algorithm.step_labelled)
+        if (with_images := sum(e.vision is not None for e in dataset.items)) and not self.algorithm.images:
+            raise ValueError(f"data.{self.algorithm.dataset}: {with_images} records have images, and "
+                             f"{self.algorithm.name} does not take images: use one of {prose(TAKES_IMAGES)}")
         if len(dataset) < self.training.train_batch_size:
             raise ValueError(f"data.{self.algorithm.dataset} has {len(dataset)} records, fewer than one optimizer step "
                              f"of training.trainBatchSize={self.training.train_batch_size}: lower it or add records")
@@ -148,7 +152,8 @@ class OfflineTrainer(RunLoop):
     def _reference_logps(self, examples: list[OfflineExample]) -> torch.Tensor:
         """Summed response log-probs under the frozen reference, [examples, responses per example]."""
         batch = pack(examples, self.pad_token_id)
-        token_logps = self.groups["reference"].forward(batch.sequences, batch.attention_mask, batch.num_actions)
+        token_logps = self.groups["reference"].forward(batch.sequences, batch.attention_mask, batch.num_actions,
+                                                       batch.vision)
         summed = masked_sum(token_logps, batch.action_mask, dim=-1)  # response-major rows
         return summed.view(len(examples[0].responses), len(examples)).T
 
@@ -156,6 +161,7 @@ class OfflineTrainer(RunLoop):
         """kto: the mean summed log-prob of the step's mismatched pairs under the policy (before the
         step; the loss detaches it) and under the reference, [2]: the same reference point on every rank."""
         batch = pack(mismatched(examples), self.pad_token_id)
-        means = [masked_sum(self.groups[role].forward(batch.sequences, batch.attention_mask, batch.num_actions),
+        means = [masked_sum(self.groups[role].forward(batch.sequences, batch.attention_mask, batch.num_actions,
+                                                      batch.vision),
                             batch.action_mask, dim=-1).mean() for role in ("actor", "reference")]
         return torch.stack(means)

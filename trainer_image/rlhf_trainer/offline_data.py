@@ -21,7 +21,9 @@ from torch import Tensor
 
 from rlhf_api.v1alpha1 import DatasetSpec, DataSpec
 
-from .data import conditioned, load_records, prompt_check, render_prompt, score_check, text_check
+from .data import (IMAGES, conditioned, image_processor, image_prompt, load_records, processed_prompt, prompt_check,
+                   render_prompt, score_check, text_check)
+from .workers.vision import batch_inputs
 from .rewards.process import step_token_ids
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class OfflineExample:
     desirable: bool | None = None  # kto records with a desirable flag (labelKey): whether the response is
     # prm: (response position, 1.0 correct / 0.0 wrong) of each step, at its separator's last token
     step_labels: tuple[tuple[int, float], ...] | None = None
+    vision: dict | None = None  # a vision-language prompt's image inputs (data.PromptItem.vision)
 
 
 @dataclass
@@ -54,6 +57,14 @@ class OfflineBatch:
     teacher_logps: Tensor | None = None  # [R, T, k] kd: the teacher's k likeliest next tokens' log-probs, per response position
     teacher_ids: Tensor | None = None  # [R, T, k] kd: those tokens' ids
     step_labels: Tensor | None = None  # [R, T] prm: 1. / 0. where a step ends (correct / wrong), -1. elsewhere
+    # [R, P, D] and [R, I, 3]: each row's prompt's image inputs, zero-padded (workers/vision.py)
+    pixel_values: Tensor | None = None
+    image_grid_thw: Tensor | None = None
+
+    @property
+    def vision(self) -> dict[str, Tensor] | None:
+        return None if self.pixel_values is None else {"pixel_values": self.pixel_values,
+                                                       "image_grid_thw": self.image_grid_thw}
 
     @property
     def num_actions(self) -> int:
@@ -96,8 +107,9 @@ def pack(examples: list[OfflineExample], pad_token_id: int, reference_logps: Ten
         for row, example in enumerate(examples):
             for position, label in example.step_labels:
                 step_labels[row, position] = label
+    vision = batch_inputs([e.vision for k in range(len(examples[0].responses)) for e in examples])
     return OfflineBatch(sequences, attention_mask, action_mask, reference, desirable, kl_logps,
-                        step_labels=step_labels)
+                        step_labels=step_labels, **(vision or {}))
 
 
 def with_step_tokens(batch: OfflineBatch, step_tokens: Tensor) -> OfflineBatch:
@@ -107,7 +119,7 @@ def with_step_tokens(batch: OfflineBatch, step_tokens: Tensor) -> OfflineBatch:
 
 def mismatched(examples: list[OfflineExample]) -> list[OfflineExample]:
     """Each prompt with the next example's first response (kto's KL pairs (x, y'))."""
-    return [OfflineExample(e.prompt_token_ids, (examples[(i + 1) % len(examples)].responses[0],))
+    return [OfflineExample(e.prompt_token_ids, (examples[(i + 1) % len(examples)].responses[0],), vision=e.vision)
             for i, e in enumerate(examples)]
 
 
@@ -136,24 +148,37 @@ class OfflineDataset:
         keys = {spec.input_key: prompt_check(spec.apply_chat_template), **dict.fromkeys(response_keys, text_check),
                 **({flag_key: _flag_check} if flag_key else {}),
                 **({spec.score_key: score_check} if conditioned_on_score else {})}
+        split, with_images = chats_split(spec.input_key, response_keys), image_prompt(spec, base_dir, f"data.{name}")
         records = load_records(spec, tokenizer, keys, base_dir=base_dir, seed=seed, field=f"data.{name}",
-                               prepare=chats_split(spec.input_key, response_keys))
+                               prepare=lambda record: with_images(split(record)))
+        if any(record.get(IMAGES) for record in records):
+            if conditioned_on_score:
+                raise ValueError(f"data.{name} has images: a score-conditioned prompt (data.scoreTemplate) is text only")
+            processor = image_processor(tokenizer, f"data.{name}")
+            rendered = [processed_prompt(processor, record, spec.input_key, data, f"data.{name}: record {i}")
+                        for i, record in enumerate(records, 1)]
+        else:
+            rendered = None
 
         values = [record[spec.input_key] for record in records]
         if conditioned_on_score:
             values = [conditioned(value, record[spec.score_key], data.score_template)
                       for value, record in zip(values, records)]
-        prompts = [render_prompt(value, tokenizer, spec.apply_chat_template) for value in values]
-        prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        if rendered is None:
+            prompts = [render_prompt(value, tokenizer, spec.apply_chat_template) for value in values]
+            prompt_ids = _cut_prompts(tokenizer(prompts, add_special_tokens=False)["input_ids"], data, name)
+        else:  # a vision-language model's, its images' tokens written out (never cut)
+            prompt_ids = [ids for _, ids, _ in rendered]
         response_ids = {key: tokenizer([r[key] for r in records], add_special_tokens=False)["input_ids"]
                         for key in response_keys}
         eos = tokenizer.eos_token_id
         items, truncated = [], 0
-        for i, prompt in enumerate(_cut_prompts(prompt_ids, data, name)):
+        for i, prompt in enumerate(prompt_ids):
             room = data.max_tokens - len(prompt)
             responses = tuple((response_ids[key][i] + [eos])[:room] for key in response_keys)
             truncated += any(len(response_ids[key][i]) + 1 > room for key in response_keys)
-            items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key]) if flag_key else None))
+            items.append(OfflineExample(prompt, responses, _flag(records[i][flag_key]) if flag_key else None,
+                                        vision=rendered[i][2] if rendered else None))
         if truncated:
             log.warning("%d of %d %s records were longer than data.maxTokens=%d and lost their response's end",
                         truncated, len(items), name, data.max_tokens)

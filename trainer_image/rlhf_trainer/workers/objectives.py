@@ -150,7 +150,7 @@ def value_step(model: Model, exp: Experience) -> dict[str, float]:
 @OFFLINE_STEPS.register("sft")
 def sft_step(model: Model, batch: OfflineBatch) -> dict[str, float]:
     """Token NLL of the responses only (the prompt is context, not a target)."""
-    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
+    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions, batch.vision)
     loss = sft_loss(log_probs, batch.action_mask, *aggregation(model, batch))
     model.backward_step(loss)
     return {"loss": loss.item()}
@@ -180,7 +180,7 @@ def teacher_metric(beta: float) -> str:
 def preference_step(model: Model, batch: OfflineBatch, loss: str, config: PreferenceConfig) -> dict[str, float]:
     """PREFERENCE_LOSSES[loss] on summed response log-probs of the desirable (chosen) and the
     other rows (pairs keep their order on both sides); kto also reads the batch's kl_logps."""
-    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions)
+    log_probs = model.action_log_probs(batch.sequences, batch.attention_mask, batch.num_actions, batch.vision)
     logps = masked_sum(log_probs, batch.action_mask, dim=-1)
     good, reference = batch.desirable, batch.reference_logps
     kl = (batch.kl_logps[0:1], batch.kl_logps[1:2]) if batch.kl_logps is not None else (None, None)
