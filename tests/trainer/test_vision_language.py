@@ -271,3 +271,32 @@ def test_offline_records_keep_their_images_through_a_batch_s_rows(tokenizer, tmp
         expected = prompts[row % 3].vision["pixel_values"]
         assert batch.pixel_values[row, :len(expected)].equal(expected)
     assert batch.image_grid_thw.shape == (6, 1, 3)
+
+
+def test_an_image_url_is_fetched_when_the_dataset_allows_it(tokenizer, tmp_path):
+    from local_http import LocalServer, QuietHandler
+
+    [record] = colour_task(tmp_path, 1, seed=7, split="served")
+    png = (tmp_path / record["prompt"][0]["content"][0]["image"]).read_bytes()
+
+    class Images(QuietHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/square.png" else 404)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(png if self.path == "/square.png" else b"")
+
+    server = LocalServer(Images)
+    try:
+        url = f"http://127.0.0.1:{server.port}/square.png"
+        [item] = _prompts(tokenizer, tmp_path, [{"prompt": QUESTION, "images": [url], "label": "a"}],
+                          image_key="images", fetch_image_urls=True).items
+        missing = url.replace("square", "gone")
+        with pytest.raises(ValueError, match=r"record 1: image http://127\.0\.0\.1:\d+/gone\.png could not be fetched"):
+            _prompts(tokenizer, tmp_path, [{"prompt": QUESTION, "images": [missing], "label": "a"}],
+                     image_key="images", fetch_image_urls=True)
+    finally:
+        server.close()
+    [expected] = _prompts(tokenizer, tmp_path, [record]).items
+    assert item.images == (url,) and item.prompt_token_ids == expected.prompt_token_ids
+    assert item.vision["pixel_values"].equal(expected.vision["pixel_values"])
