@@ -2,29 +2,50 @@
 machine's loopback (e2e/registry.py), and a new dev cluster (`make dev-cluster-up`'s, e2e/pods/devcluster.py)
 installs the chart from that registry, with no path into this checkout: its node pulls the operator's and the
 trainer's images from there. The cluster example applied with kubectl trains to Succeeded, with its reward in
-`kubectl get rlhfjobs` and `rlhf logs` printing the run; `make dev-cluster-down` stops it, pods and all."""
+`kubectl get rlhfjobs` and `rlhf logs` printing the run. Then the release's other install path: the chart
+uninstalled, the release's install.yaml applied with kubectl runs the operator, which makes a job's Ray cluster of
+the release's trainer image, and `rlhf dashboard` forwards a local port to that head pod's Ray dashboard (the pod
+runtime's kubelet serves the port-forward: e2e/pods/portforward.py). `make dev-cluster-down` stops it, pods and
+all."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
 
 from e2e import images
 from e2e.controlplane import ControlPlane
+from e2e.controlplane.binaries import built
 from e2e.fixtures import wait_for
-from e2e.pods.devcluster import EXAMPLE, RELEASE_NAMESPACE, ROOT
+from e2e.pods.devcluster import EXAMPLE, RELEASE, RELEASE_NAMESPACE, ROOT
 from e2e.registry import Registry
+from rlhf_operator import names
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.needs_build]  # the control plane's binaries, helm
 STEPS = 4
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+PLAIN_OPERATOR = "rlhf-operator"  # install.yaml's Deployment (helm template's release name)
+# The Ray the CPU trainer image installs (its lock), which its head's dashboard reports.
+RAY_VERSION = re.search(r"^ray==(\S+)$", (ROOT / "requirements" / "constraints.txt").read_text(), re.M)[1]
+
+
+class Release(NamedTuple):
+    repository: str  # REGISTRY, host:port/org
+    install: Path  # its install.yaml
 
 
 @pytest.fixture
@@ -44,8 +65,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 @pytest.fixture
 def release(registry: Registry, operator_image: str, trainer_image: str,
-            tmp_path_factory: pytest.TempPathFactory) -> str:
-    """`make release` of this checkout to the registry; returns REGISTRY. Only the CPU trainer (the CUDA image is
+            tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """`make release` of this checkout to the registry. Only the CPU trainer (the CUDA image is
     about 10 GB); the images are the suite's, built already, so the release builds nothing and pushes them."""
     repository, dist = f"{registry.host}/rlhf", tmp_path_factory.mktemp("dist")
     made = subprocess.run(["make", "-s", "release", f"VERSION={VERSION}", f"REGISTRY={repository}", "DEVICES=cpu",
@@ -56,16 +77,18 @@ def release(registry: Registry, operator_image: str, trainer_image: str,
         f"rlhf_operator-{VERSION}.tar.gz"]
     install = (dist / "install.yaml").read_text()
     assert f"image: \"{repository}/operator:{VERSION}\"" in install and f"{repository}/trainer:{VERSION}-cpu" in install
-    return repository
+    return Release(repository, dist / "install.yaml")
 
 
 @pytest.fixture
-def dev_cluster(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def dev_cluster(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A new dev cluster in a state dir of the test's, its chart from the release's registry."""
-    assert not any(images.image_id(f"{release}/{image}") for image in (f"operator:{VERSION}", f"trainer:{VERSION}-cpu"))
+    assert not any(images.image_id(f"{release.repository}/{image}")
+                   for image in (f"operator:{VERSION}", f"trainer:{VERSION}-cpu"))
     state = tmp_path_factory.mktemp("dev-cluster") / "state"
     up = subprocess.run([sys.executable, "-m", "e2e.pods.devcluster", "--state-dir", str(state),
-                         "--chart", f"oci://{release}/charts/rlhf-operator", "--version", VERSION, "--plain-http"],
+                         "--chart", f"oci://{release.repository}/charts/rlhf-operator", "--version", VERSION,
+                         "--plain-http"],
                         cwd=ROOT, capture_output=True, text=True, timeout=900)
     try:
         assert up.returncode == 0, up.stderr
@@ -79,7 +102,7 @@ def dev_cluster(release: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_succeeded(
-        dev_cluster: ControlPlane, release: str, tmp_path: Path):
+        dev_cluster: ControlPlane, release: Release, tmp_path: Path):
     cp = dev_cluster
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["spec"]["training"]["maxSteps"] = STEPS  # the example's 30 steps learn; 4 show the path
@@ -108,8 +131,66 @@ def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_s
     assert 0 < reward <= 1 and reward == float(f"{reward:.4g}"), row  # rounded for reading
     assert f"Job '{name}-" in logs.stdout and "succeeded" in logs.stdout, logs.stdout[-3000:]
     # The released chart's images, which the node lacked and pulled from the registry.
-    operator, trainer = f"{release}/operator:{VERSION}", f"{release}/trainer:{VERSION}-cpu"
+    operator, trainer = f"{release.repository}/operator:{VERSION}", f"{release.repository}/trainer:{VERSION}-cpu"
     assert {f"{RELEASE_NAMESPACE} {operator}", f"default {trainer}"} <= seen, seen
     pulled = cp.kubectl("get", "events", "-A", "--field-selector", "reason=Pulled",
                         "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}").stdout
     assert all(f'Successfully pulled image "{image}"' in pulled for image in (operator, trainer)), pulled
+
+    # The plain manifests: the chart's release gone (its CRDs and the job stay: resource-policy keep), the
+    # release's install.yaml applied as the install guide says; --force-conflicts takes the kept CRDs over from
+    # helm, whose labels name its release.
+    subprocess.run([built("helm", "HELM"), "--kubeconfig", str(cp.kubeconfig), "-n", RELEASE_NAMESPACE, "uninstall",
+                    RELEASE], check=True, capture_output=True, text=True)
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(release.install))
+    cp.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", f"deployment/{PLAIN_OPERATOR}", "--timeout=300s",
+               timeout=330)
+    cp.kubectl("-n", RELEASE_NAMESPACE, "wait", "--for=delete", "pod", "-l", f"app.kubernetes.io/instance={RELEASE}",
+               "--timeout=120s", timeout=150)  # the chart's operator: none is left to reconcile the next job
+    operators = cp.kubectl("-n", RELEASE_NAMESPACE, "get", "pods", "-o", "jsonpath={range .items[*]}"
+                           "{.metadata.labels.app\\.kubernetes\\.io/instance} {.spec.containers[0].image}{'\\n'}{end}")
+    assert operators.stdout.splitlines() == [f"{PLAIN_OPERATOR} {operator}"], operators.stdout
+    managers = json.loads(cp.kubectl("-n", RELEASE_NAMESPACE, "get", "deployment", PLAIN_OPERATOR,
+                                     "--show-managed-fields", "-o", "json").stdout)["metadata"]["managedFields"]
+    assert {(m["manager"], m["operation"]) for m in managers} >= {("kubectl", "Apply")}, managers
+
+    manifest["metadata"]["name"] = plain = "tiny-plain"
+    manifest["spec"]["training"]["maxSteps"] = 30  # still training while its dashboard is read: it need not end
+    (job := tmp_path / "plain-job.yaml").write_text(yaml.safe_dump(manifest))
+    cp.kubectl("apply", "-f", str(job))
+    heads = f"{names.JOB_LABEL}={names.label_value(plain)},{names.ROLE_LABEL}=head"
+
+    def ready_head() -> str | None:
+        """The head pod's name once it is Ready, of the release's CPU trainer image (the operator's choice)."""
+        pods = cp.kubectl("get", "pods", "-l", heads, "-o", "jsonpath={range .items[*]}{.metadata.name} "
+                          "{.spec.containers[0].image} {.status.conditions[?(@.type=='Ready')].status}{end}").stdout
+        return pods.split()[0] if pods.split()[1:] == [trainer, "True"] else None
+
+    check_dashboard(cp, plain, wait_for(ready_head, 600, f"the head pod of {plain} to be Ready"))
+
+
+def check_dashboard(cp: ControlPlane, job: str, head: str) -> None:
+    """`rlhf dashboard JOB -p 0` serves, on the local port it prints, the head pod's Ray dashboard (through the API
+    server's pods/portforward to the node's kubelet), each connection a stream of its own, and says where the
+    token is that the dashboard asks for; Ctrl-C ends it with 0."""
+    dashboard = subprocess.Popen([sys.executable, "-m", "rlhf_cli.cli", "dashboard", job, "-p", "0"], env=cp.env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line, token_line = dashboard.stdout.readline(), dashboard.stdout.readline()
+        if (found := re.search(rf"\(pod {head}\): (http://127\.0\.0\.1:\d+) ", line)) is None:
+            dashboard.wait(30)
+            raise AssertionError(f"rlhf dashboard printed {line!r}, not head pod {head}'s URL: {dashboard.stderr.read()}")
+        url = found[1]
+        secret, key = re.search(r"get secret (\S+) -o jsonpath='\{\.data\.(\w+)\}' \| base64 -d$", token_line).groups()
+        token = base64.b64decode(cp.kubectl("get", "secret", secret, "-o", f"jsonpath={{.data.{key}}}").stdout).decode()
+        with pytest.raises(urllib.error.HTTPError) as refused:  # Ray's own answer without the token
+            urllib.request.urlopen(f"{url}/api/version", timeout=60)
+        body = refused.value.read()
+        assert refused.value.code == 401 and b"Missing authentication token" in body, body
+        request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=60) as response:  # a second connection: a second stream
+            assert json.load(response)["ray_version"] == RAY_VERSION
+    finally:
+        dashboard.send_signal(signal.SIGINT)
+        out, err = dashboard.communicate(timeout=30)
+    assert dashboard.returncode == 0, err

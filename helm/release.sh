@@ -61,12 +61,18 @@ chart=$DIST/rlhf-operator-$VERSION.tgz
 "$root/helm/render-manifests.sh" "$chart" > "$DIST/install.yaml"
 "$uv" build --out-dir "$DIST" >&2
 
-# buildah on e2e/images' storage and configuration (this host's quirks), where the builds left the images.
-images_env=$(python3 -c 'from e2e import images; print(" ".join(f"{k}={v}" for k, v in images.env().items()
-                                                              if k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "TMPDIR")))')
-while read -r name local; do
-  env $images_env buildah push "${tls[@]}" "$local" "docker://$name" >&2
-  echo "pushed $name" >&2
-done < "$work/images"
+# buildah on e2e/images' storage, where the builds left the images, under its lock: a build meanwhile (another
+# checkout's, a test's) replaces the name and prunes the image being pushed ("image not known" halfway).
+python3 - "$work/images" "${tls[@]}" <<'PY'
+import sys
+
+from e2e import images
+
+pairs, *flags = sys.argv[1:]
+with images.locked():
+    for name, local in (line.split() for line in open(pairs)):
+        images.run("buildah", "push", *flags, local, f"docker://{name}")
+        print(f"pushed {name}", file=sys.stderr)
+PY
 "$helm" push "$chart" "oci://$REGISTRY/charts" "${plain_http[@]}" >&2
 echo "released $VERSION: helm install rlhf-operator oci://$REGISTRY/charts/rlhf-operator --version $VERSION" >&2

@@ -9,6 +9,8 @@ By concern:
                and what the image says to run (user, env, workdir, entrypoint, cmd)
   processes.py a container's env, its root laid out, its command and process tree
   kubelet.py   a Node this runtime is the kubelet of, and its pods: run, probed, status written, deleted
+  logs.py      the kubelet's HTTPS server, which the API server calls, and its log endpoint (`kubectl logs`)
+  portforward.py its port-forward endpoint, for websocket clients (`rlhf dashboard`)
   __main__.py  `python -m e2e.pods`: the kubelet as a process of its own (the dev cluster's node)
   devcluster.py `make dev-cluster-up`: a local cluster that trains, on that node, from the built images
   head.py      HeadPod: the older seam that plays only a RayJob's head from its template, KubeRay paused,

@@ -11,7 +11,8 @@ that exits is restarted unless the pod's restartPolicy says otherwise. A pod bei
 processes stopped (its container's preStop exec hook run first, then SIGTERM, SIGKILL once the
 deletion's grace period has passed) and is then deleted with grace period 0, as the kubelet
 confirms a deletion.
-Its log endpoint (logs.py) serves `kubectl logs`. A pod's processes are all those in its network namespace (Ray's may leave the container's session);
+Its HTTPS server (logs.py) serves `kubectl logs` and port-forwards (portforward.py: `rlhf dashboard`).
+A pod's processes are all those in its network namespace (Ray's may leave the container's session);
 peak_rss records the most each pod's process tree held, sampled every half second.
 
 Each container runs in a writable copy of its image's filesystem (rootfs.py), from the suite's
@@ -39,7 +40,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.pods import network, processes, rootfs, users, volumes
-from e2e.pods.logs import LogServer
+from e2e.pods.logs import KubeletServer
 
 NODE_LABEL = "rlhf.dev/pod-runtime"
 NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
@@ -71,13 +72,13 @@ class Kubelet:
         self.peak_rss: dict[str, int] = {}  # pod name -> the most its process tree held
         self.stopping = threading.Event()
         self.errors: list[str] = []
-        self.logs: LogServer | None = None
+        self.server: KubeletServer | None = None
 
     def start(self) -> Kubelet:
         self.root.mkdir(parents=True, exist_ok=True)
         rootfs.remove_stale(POD_PREFIX)
         self.network.up()
-        self.logs = LogServer(self.find, self.ca.parent, network.GATEWAY, self.node).start()
+        self.server = KubeletServer(self.find, self.ca.parent, network.GATEWAY, self.node).start()
         self._register()
         for loop in (self._heartbeats, self._sync):
             threading.Thread(target=loop, daemon=True, name=f"kubelet-{loop.__name__}").start()
@@ -94,8 +95,8 @@ class Kubelet:
             self.core.delete_node(self.node)
         except ApiException:
             pass
-        if self.logs is not None:
-            self.logs.stop()
+        if self.server is not None:
+            self.server.stop()
         self.network.down()
         if self.cluster_hosts is not None:
             network.write_in_place(self.cluster_hosts, self.base_hosts)
@@ -118,7 +119,7 @@ class Kubelet:
                 "status": {"capacity": resources, "allocatable": resources,
                            "addresses": [{"type": "InternalIP", "address": network.GATEWAY},
                                          {"type": "Hostname", "address": self.node}],
-                           "daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs.port}},
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": self.server.port}},
                            "conditions": [self._ready()]}}
         try:
             self.core.delete_node(self.node)  # a crashed run's

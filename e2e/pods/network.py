@@ -18,25 +18,31 @@ hostname, as the kubelet's hosts file has it; gloo resolves it) and the Services
 server is needed all the same: gRPC's resolver (Ray's GCS client) asks DNS and ignores /etc/hosts.
 KubeRay, outside the pods, reads Service names from the control plane's hosts file (cluster_hosts).
 
-One runtime per machine at a time: the bridge, its subnet and 10.96.0.1:443 are fixed.
+One runtime per machine at a time: the bridge, its subnet and 10.96.0.1:443 are fixed. A second waits for the
+first to end (a lock file held while the network is up) instead of deleting its bridge under its pods, as
+happened between two sessions' test runs: the first's pods were cut off from everything outside them.
 """
 
 from __future__ import annotations
 
 import contextlib
-
+import fcntl
 import ipaddress
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from e2e.controlplane.binaries import cache_dir
 
 BRIDGE = "rlhf-pods0"
 SUBNET = ipaddress.ip_network("10.245.0.0/24")  # apart from kwok's 10.244.0.0/16 and the Services' 10.96.0.0/16
 GATEWAY = str(SUBNET.network_address + 1)
 KUBERNETES_SERVICE = ("10.96.0.1", 443)
 CLUSTER_DOMAIN = "cluster.local"
+MACHINE_WAIT_SECONDS = 1200  # for another runtime's network to go (its test module, or a dev cluster's life)
 
 
 def ip(*args: str, netns: str | None = None) -> None:
@@ -54,12 +60,14 @@ class PodNetwork:
         self.listener: socket.socket | None = None
         self.dns: socket.socket | None = None
         self.names: dict[str, str] = {}
+        self.held: IO[str] | None = None  # the machine's lock file, locked while the network is up
 
     def resolve(self, name: str) -> str | None:
         """The cluster DNS answer (set by the kubelet: fully qualified Service name -> IP)."""
         return self.names.get(name.rstrip(".").lower())
 
     def up(self) -> PodNetwork:
+        self.held = hold_the_machine()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)  # a crashed run's bridge
         ip("link", "add", BRIDGE, "type", "bridge")
         ip("addr", "add", f"{GATEWAY}/{SUBNET.prefixlen}", "dev", BRIDGE)
@@ -81,6 +89,8 @@ class PodNetwork:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        if self.held is not None:
+            self.held.close()  # the lock goes with it
 
     def attach(self, name: str) -> str:
         """Network namespace `name` with a veth on the bridge; returns the pod's IP."""
@@ -137,6 +147,23 @@ class PodNetwork:
                 return  # closed by down()
             except (IndexError, ValueError):
                 continue  # not a query we can read
+
+
+def hold_the_machine(timeout: float = MACHINE_WAIT_SECONDS) -> IO[str]:
+    """The machine's pod-network lock file, locked (the kernel unlocks it when its holder dies)."""
+    path = cache_dir() / ".pod-network.lock"
+    held = open(path, "a")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return held
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                held.close()
+                raise RuntimeError(f"another pod runtime has held this machine's pod network for {timeout:.0f}s "
+                                   f"({path}): stop it (make dev-cluster-down) or wait for its tests") from None
+            time.sleep(1)
 
 
 def dns_answer(query: bytes, resolve) -> bytes:

@@ -24,6 +24,7 @@ from . import cluster
 
 RAY_DASHBOARD_PORT = 8265  # Ray's default, the head container's port named "dashboard" (rlhf_operator.render)
 RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay's, on every pod of a Ray cluster
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"  # KubeRay sets it from its Secret where the cluster has token authentication
 CHUNK = 1 << 16
 
 
@@ -40,6 +41,15 @@ def head_pod(kube: Any, namespace: str, job: dict[str, Any]) -> dict[str, Any] |
 def dashboard_port(pod: dict[str, Any]) -> int:
     ports = [port for container in pod["spec"]["containers"] for port in container.get("ports") or []]
     return next((port["containerPort"] for port in ports if port.get("name") == "dashboard"), RAY_DASHBOARD_PORT)
+
+
+def auth_token_secret(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """The Secret and key of the Ray cluster's token, which its dashboard asks for (authOptions mode token, as
+    the operator renders every job: KubeRay's Secret named after the RayCluster, key auth_token)."""
+    env = [var for container in pod["spec"]["containers"] for var in container.get("env") or []]
+    ref = next((((var.get("valueFrom") or {}).get("secretKeyRef") or {}) for var in env
+                if var["name"] == RAY_AUTH_TOKEN_ENV), {})
+    return (ref["name"], ref["key"]) if ref.get("name") and ref.get("key") else None
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -71,6 +81,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     with server:
         print(f"Ray dashboard of RLHFJob {namespace}/{args.job} (pod {pod_name}): "
               f"http://{args.address}:{server.getsockname()[1]} (Ctrl-C stops)", flush=True)
+        if (secret := auth_token_secret(pod)) is not None:
+            print(f"It asks for the Ray cluster's token: kubectl -n {namespace} get secret {secret[0]} "
+                  f"-o jsonpath='{{.data.{secret[1]}}}' | base64 -d", flush=True)
         try:
             while True:
                 local, _ = server.accept()
