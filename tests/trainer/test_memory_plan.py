@@ -142,6 +142,24 @@ def test_a_long_prompt_is_charged_logits_for_its_response_only():
     assert actor.extra["score"] == ZERO3_LIVE_PARAMETERS * 2 + logits * 12 + 34 * tokens * 3584
 
 
+def test_a_preference_job_is_charged_its_chosen_and_rejected_rows_in_one_pass():
+    """The dpo example (Llama-3-8B, 8192-token rows, micro-batches of 1 pair, actor and reference on 4 GPUs each,
+    ZeRO-3): preference_step reads a pair's chosen and rejected rows in one forward, so each pass carries 2 x 8192
+    tokens through the layers and their logits (the plan once charged one row: the catalogue's dataset is
+    "preferences")."""
+    spec = _job("dpo")
+    hidden, vocab, layers = 4096, 128256, 32
+    tokens = 2 * spec.training.micro_train_batch_size * spec.data.max_tokens
+    assert tokens == 2 * 8192
+    gathered = ZERO3_LIVE_PARAMETERS * 2
+    train = gathered + tokens * vocab * 16 + layers * tokens * hidden * 2 + 34 * tokens * hidden  # checkpointed
+    score = gathered + tokens * vocab * 12 + 34 * tokens * hidden
+    plan = _plan(spec)
+    [actor], [reference] = plan.gpus[0].processes, plan.gpus[4].processes
+    assert actor.extra == {"train": train} and reference.extra == {"score": score}
+    assert plan.fits
+
+
 def test_the_optimizer_step_s_fp32_gradients_are_charged_when_larger_than_the_activations():
     """DeepSpeed steps bf16 weights from an fp32 copy of the gradient partition: one rank (nothing split) of a
     7B model with a tiny micro-batch needs it, not the activations, at the step."""

@@ -87,10 +87,11 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rlhf_api.algorithms import ALGORITHMS, CAUSAL_LM_ROLES, TRAINED_ROLES
+from rlhf_api.algorithms import CAUSAL_LM_ROLES, TRAINED_ROLES
 from rlhf_api.paths import is_hub_id, model_path
 from rlhf_api.v1alpha1 import RLHFJobSpec
 from rlhf_api.v1alpha1.base import quantity_bytes
+from rlhf_api.v1alpha1.data import PREFERENCES
 from rlhf_api.validation import FieldError, InvalidJob
 
 from .placement import ROLLOUT, Placement, plan_placement
@@ -360,7 +361,7 @@ def plan_memory(spec: RLHFJobSpec, placement: Placement, shapes: dict[str, Shape
     """The job's memory on each GPU (bundle) of its placement; shapes: role -> Shape (Shape.from_config)."""
     total, training = gpu_bytes(gpu), spec.training
     online = bool(placement.ranks.get(ROLLOUT))
-    preference = 2 if ALGORITHMS[spec.algorithm].dataset == "preference" else 1  # chosen and rejected together
+    preference = 2 if spec.algorithm in PREFERENCES else 1  # chosen and rejected rows in one pass
     sequence = (spec.data.max_prompt_tokens + spec.rollout.max_new_tokens if online else spec.data.max_tokens) * preference
     # The logits of the response positions only (logits_to_keep); offline rows' responses may fill the row.
     response = (spec.rollout.max_new_tokens + 1 if online else spec.data.max_tokens) * preference
