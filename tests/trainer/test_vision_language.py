@@ -176,6 +176,69 @@ def test_the_vision_tower_is_frozen_and_never_synced(tiny_vlm):
     assert any(".visual.merger." in name for name in sent) and any(".language_model." in name for name in sent)
 
 
+class _Engine(__import__("torch").nn.Module):
+    """A plain transformers module where the trainer's Model holds its DeepSpeed engine (engine.module, engine(...))."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, **inputs):
+        return self.module(**inputs)
+
+
+def test_packed_samples_carry_their_image_positions_and_pixels(tiny_vlm, tokenizer, tmp_path, capsys):
+    """training.packSamples with images: rows of unequal lengths, images of different sizes (two in one prompt) and a
+    text prompt among them, packed in sdpa's rows and in flash-attention's one row (run under sdpa), give every
+    response token the padded forward's log-prob: each sample's multimodal positions and images moved with it, in order."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
+    from rlhf_trainer.losses import token_log_probs
+    from rlhf_trainer.workers.engine import Model, ModelConfig
+    from rlhf_trainer.workers.packing import pack
+    from rlhf_trainer.workers.vision import batch_inputs
+
+    records = []
+    for i, size in enumerate([(56, 56), (112, 56), (84, 84), (56, 112)]):  # 4, 8, 9 and 8 image tokens
+        Image.new("RGB", size, (60 * i, 200 - 50 * i, 90)).save(tmp_path / f"{i}.png")
+        records.append({"prompt": QUESTION, "images": [f"{i}.png"], "label": "a"})
+    records[2]["images"].append("1.png")
+    records.append({"prompt": "Say a.", "label": "b"})
+    items = _prompts(tokenizer, tmp_path, records, image_key="images").items
+    actions, responses = 6, [1, 5, 3, 6, 1]
+    width = max(len(item.prompt_token_ids) for item in items)
+    sequences = torch.full((len(items), width + actions), tokenizer.pad_token_id)
+    attention_mask = torch.zeros_like(sequences)
+    generator = torch.Generator().manual_seed(0)
+    for row, (item, length) in enumerate(zip(items, responses)):
+        start = width - len(item.prompt_token_ids)
+        sequences[row, start:width] = torch.tensor(item.prompt_token_ids)
+        sequences[row, width:width + length] = torch.randint(3, 60, (length,), generator=generator)
+        attention_mask[row, start:width + length] = 1
+    vision = batch_inputs([item.vision for item in items])
+    assert len({tuple(grid) for grid in vision["image_grid_thw"][:4, 0].tolist()}) == 4
+    assert pack(sequences, attention_mask, actions).input_ids.shape[0] < len(items)  # samples share sdpa's rows
+    module = AutoModelForImageTextToText.from_pretrained(tiny_vlm, dtype=torch.float32, attn_implementation="sdpa")
+
+    def log_probs(packed: bool, layout: str = "sdpa"):
+        spec = ModelSpec(path=str(tiny_vlm), dtype="float32", attn_implementation=layout)
+        cfg = ModelConfig(role="actor", path=str(tiny_vlm), model=spec, training=TrainingSpec(pack_samples=packed),
+                          temperature=0.7)
+        model = Model(cfg, 0, _Engine(module), tokenizer=None, zero3=False)
+        with torch.no_grad():
+            return token_log_probs(model.action_logits(sequences, attention_mask, actions, vision), sequences[:, -actions:])
+
+    padded, response = log_probs(False), attention_mask[:, -actions:].bool()
+    differences = {layout: (padded - log_probs(True, layout))[response].abs().max().item()
+                   for layout in ("sdpa", "flash_attention_2")}
+    with capsys.disabled():
+        print(f"\npacked vs padded log-probs with images, max difference by layout: {differences}")
+    assert max(differences.values()) < 1e-5
+
+
 def test_lora_adapts_the_language_model_only(tiny_vlm):
     from transformers import AutoModelForImageTextToText
 

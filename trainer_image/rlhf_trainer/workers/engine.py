@@ -27,7 +27,7 @@ from rlhf_api.v1alpha1 import ModelSpec, TrainingSpec
 from ..losses import token_log_probs
 from ..rewards.process import STEP_SEPARATOR_KEY
 from .lora import apply_lora, quantization_config
-from .packing import pack, unpack_logits
+from .packing import pack, pack_images, unpack_logits
 from .vision import NEVER_SAMPLED_BIAS, freeze_tower, is_vision_language, model_inputs, never_sampled
 from .tensor_parallel import accumulation_batch, autotp_config, grad_norm, split_size
 from .sequence_parallel import ATTENTION as sequence_parallel_attention
@@ -173,12 +173,21 @@ class Model:
                       vision: dict[str, Tensor] | None = None) -> Tensor:
         """Logits [B, T, V] predicting the last num_actions tokens, at the sampling temperature; the
         samples packed without padding with training.packSamples (packing.py). vision: the rows' image
-        inputs (vision.py), read padded: the model computes its multimodal positions from the mask."""
+        inputs (vision.py); padded, the model computes its multimodal positions from the mask, packed, each
+        sample's positions and images travel with it (pack_images)."""
         if vision is not None:
             inputs = model_inputs(sequences, num_actions, vision["pixel_values"], vision["image_grid_thw"],
                                   self.engine.module.config.image_token_id)
-            logits = self.engine(input_ids=sequences, attention_mask=attention_mask, logits_to_keep=num_actions + 1,
-                                 use_cache=False, **inputs).logits[:, :-1].float()
+            if self.cfg.training.pack_samples:
+                packed = pack(sequences, attention_mask, num_actions,
+                              one_row=self.cfg.model.attn_implementation == "flash_attention_2")
+                rows = pack_images(packed, sequences, attention_mask, inputs["mm_token_type_ids"], vision,
+                                   self.engine.module)
+                logits = unpack_logits(self.engine(input_ids=packed.input_ids, logits_to_keep=packed.keep,
+                                                   use_cache=False, **rows).logits, packed).float()
+            else:
+                logits = self.engine(input_ids=sequences, attention_mask=attention_mask, logits_to_keep=num_actions + 1,
+                                     use_cache=False, **inputs).logits[:, :-1].float()
             logits[..., never_sampled(self.engine.module.config)] += NEVER_SAMPLED_BIAS  # as the engines sample
             return logits / (self.cfg.temperature or 1.0)
         if self.sequence_parallel is not None:  # gathered whole: the reads below keep them split

@@ -18,6 +18,9 @@ of its DataCollatorWithFlattening. How many rows depends on the attention implem
 
 The logits come back in the padded layout the losses read, [B, num_actions, V]: only the
 positions that predict a response token are computed (logits_to_keep).
+
+A vision-language model's samples pack too (pack_images): each keeps its multimodal rotary positions
+and its images, which the model reads in the order their tokens appear in the rows.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Packed:
     keep: Tensor  # [U] the columns whose logits are computed (logits_to_keep)
     row: Tensor  # [B, T] the row of each wanted logit
     column: Tensor  # [B, T] its index into keep
+    placed: list[tuple[int, int]]  # each sample's (row, offset) in the packed rows
 
 
 def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int, one_row: bool = False) -> Packed:
@@ -73,7 +77,34 @@ def pack(sequences: Tensor, attention_mask: Tensor, num_actions: int, one_row: b
     keep, column = torch.unique(packed_column, return_inverse=True)
     row = torch.tensor(row_of)[:, None].expand(batch, num_actions)
     device = sequences.device
-    return Packed(input_ids, position_ids, keep.to(device), row.to(device), column.to(device))
+    return Packed(input_ids, position_ids, keep.to(device), row.to(device), column.to(device),
+                  list(zip(row_of, offset_of)))
+
+
+def pack_images(packed: Packed, sequences: Tensor, attention_mask: Tensor, mm_token_type_ids: Tensor,
+                vision: dict[str, Tensor], module) -> dict[str, Tensor]:
+    """A vision-language model's inputs for packed rows: each sample's image inputs and multimodal rotary positions
+    travel with its tokens. The positions are the model's own (its get_rope_index over the padded rows, as the padded
+    forward computes them), moved to where each sample's tokens now lie, under the text positions that restart at
+    every sample (transformers' [4, rows, width] layout for packed samples: the mask is read from the first); the
+    pixel values and grids in the order the samples' image tokens now appear, as the model fills them in.
+    vision: the padded [B, P, D] pixel_values and [B, I, 3] image_grid_thw (vision.py)."""
+    grids = vision["image_grid_thw"]
+    rope_index = next(m for m in module.modules() if hasattr(m, "get_rope_index")).get_rope_index
+    mrope, _ = rope_index(input_ids=sequences, mm_token_type_ids=mm_token_type_ids,
+                          image_grid_thw=grids[grids.prod(-1) > 0], attention_mask=attention_mask)
+    positions = packed.position_ids[None].repeat(4, 1, 1)  # the tails' too: text positions in every dimension
+    mask = attention_mask.bool()
+    for b, (row, offset) in enumerate(packed.placed):
+        real = mrope[:, b, mask[b]]
+        positions[1:, row, offset:offset + real.shape[1]] = real
+    pixel_values, image_grid_thw = [], []
+    for b in sorted(range(len(packed.placed)), key=lambda b: packed.placed[b]):  # the packed rows' token order
+        sample = grids[b][grids[b].prod(-1) > 0]
+        pixel_values.append(vision["pixel_values"][b, :int(sample.prod(-1).sum())])
+        image_grid_thw.append(sample)
+    return {"position_ids": positions, "pixel_values": torch.cat(pixel_values),
+            "image_grid_thw": torch.cat(image_grid_thw)}
 
 
 def longest_first(attention_mask: Tensor) -> Tensor:
