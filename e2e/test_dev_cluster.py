@@ -1,8 +1,10 @@
 """A release as a stranger installs it: `make release` pushes the images and the chart to an OCI registry on this
 machine's loopback (e2e/registry.py), and a new dev cluster (`make dev-cluster-up`'s, e2e/pods/devcluster.py)
 installs the chart from that registry, with no path into this checkout: its node pulls the operator's and the
-trainer's images from there. The cluster example applied with kubectl trains to Succeeded, with its reward in
-`kubectl get rlhfjobs` and `rlhf logs` printing the run. Then the release's other install path: the chart
+trainer's images from there. The chart runs two operator replicas and its admission webhook. The cluster example
+applied with kubectl trains to Succeeded through the leader's death (the standby takes the Lease over), with its
+reward in `kubectl get rlhfjobs` and `rlhf logs` printing the run; the webhook, served by the pods through its
+Service, refuses a job naming a runtime that does not exist. Then the release's other install path: the chart
 uninstalled, the release's install.yaml applied with kubectl runs the operator, which makes a job's Ray cluster of
 the release's trainer image, and `rlhf dashboard` forwards a local port to that head pod's Ray dashboard (the pod
 runtime's kubelet serves the port-forward: e2e/pods/portforward.py). `make dev-cluster-down` stops it, pods and
@@ -39,6 +41,8 @@ pytestmark = [pytest.mark.timeout(1800), pytest.mark.needs_build]  # the control
 STEPS = 4
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 PLAIN_OPERATOR = "rlhf-operator"  # install.yaml's Deployment (helm template's release name)
+# Two replicas (a leader and a standby: the lease's default periods, a quicker retry) and the admission webhook.
+CHART_VALUES = {"replicas": 2, "leaderElection": {"enabled": True, "retryPeriod": 1}, "webhook": {"enabled": True}}
 # The Ray the CPU trainer image installs (its lock), which its head's dashboard reports.
 RAY_VERSION = re.search(r"^ray==(\S+)$", (ROOT / "requirements" / "constraints.txt").read_text(), re.M)[1]
 
@@ -86,9 +90,10 @@ def dev_cluster(release: Release, tmp_path_factory: pytest.TempPathFactory) -> I
     assert not any(images.image_id(f"{release.repository}/{image}")
                    for image in (f"operator:{VERSION}", f"trainer:{VERSION}-cpu"))
     state = tmp_path_factory.mktemp("dev-cluster") / "state"
+    (values := state.parent / "values.yaml").write_text(yaml.safe_dump(CHART_VALUES))
     up = subprocess.run([sys.executable, "-m", "e2e.pods.devcluster", "--state-dir", str(state),
                          "--chart", f"oci://{release.repository}/charts/rlhf-operator", "--version", VERSION,
-                         "--plain-http"],
+                         "--plain-http", "--values", str(values)],
                         cwd=ROOT, capture_output=True, text=True, timeout=900)
     try:
         assert up.returncode == 0, up.stderr
@@ -107,7 +112,9 @@ def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_s
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["spec"]["training"]["maxSteps"] = STEPS  # the example's 30 steps learn; 4 show the path
     (job := tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
-    cp.kubectl("apply", "-f", str(job))
+    # Admitted once the webhook's Service has a Ready replica's endpoint (failurePolicy Fail refuses until then).
+    wait_for(lambda: cp.kubectl("apply", "-f", str(job), check=False).returncode == 0, 120,
+             "the webhook to admit the example job")
     name = manifest["metadata"]["name"]
 
     seen: set[str] = set()  # "namespace image" of every pod seen running (the job's are gone once it ends)
@@ -117,6 +124,12 @@ def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_s
                                "{.spec.containers[0].image}{'\\n'}{end}").stdout.splitlines())
         return cp.kubectl("get", "rlhfjob", name, "-o", "jsonpath={.status.phase}").stdout
 
+    # The leader dies once it has created the job's RayJob: the standby takes the Lease over and runs the job on.
+    wait_for(lambda: cp.kubectl("get", "rlhfjob", name, "-o", "jsonpath={.status.rayJobName}").stdout, 600,
+             "the leader to create the job's RayJob")
+    leader = lease_holder(cp)
+    cp.kubectl("-n", RELEASE_NAMESPACE, "delete", "pod", leader, "--grace-period=0", "--force")
+    wait_for(lambda: lease_holder(cp) not in ("", leader), 120, "the standby to take the Lease over")
     try:
         wait_for(lambda: phase() in ("Succeeded", "Failed"), 1200, f"job {name} to end")
     finally:
@@ -136,6 +149,14 @@ def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_s
     pulled = cp.kubectl("get", "events", "-A", "--field-selector", "reason=Pulled",
                         "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}").stdout
     assert all(f'Successfully pulled image "{image}"' in pulled for image in (operator, trainer)), pulled
+    assert cp.kubectl("get", "rayjobs", "-o", "name").stdout.count("\n") == 1  # the standby made none of its own
+
+    # The webhook, through its Service to a replica: a job naming no existing runtime is never stored.
+    manifest["metadata"]["name"], manifest["spec"]["runtimeRef"] = "no-runtime", {"name": "no-such-runtime"}
+    refused = cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert refused.returncode and "denied the request" in refused.stderr and \
+        "ClusterRLHFRuntime no-such-runtime, which does not exist" in refused.stderr, refused.stderr
+    del manifest["spec"]["runtimeRef"]
 
     # The plain manifests: the chart's release gone (its CRDs and the job stay: resource-policy keep), the
     # release's install.yaml applied as the install guide says; --force-conflicts takes the kept CRDs over from
@@ -167,6 +188,14 @@ def test_the_release_installed_from_its_registry_trains_the_cluster_example_to_s
         return pods.split()[0] if pods.split()[1:] == [trainer, "True"] else None
 
     check_dashboard(cp, plain, wait_for(ready_head, 600, f"the head pod of {plain} to be Ready"))
+
+
+def lease_holder(cp: ControlPlane) -> str:
+    """The operator pod that leads: the Lease (named after the release) holds its name and a suffix
+    (rlhf_operator/leader.py)."""
+    holder = cp.kubectl("-n", RELEASE_NAMESPACE, "get", "lease", RELEASE, "-o", "jsonpath={.spec.holderIdentity}",
+                        check=False).stdout
+    return holder.rsplit("_", 1)[0]
 
 
 def check_dashboard(cp: ControlPlane, job: str, head: str) -> None:

@@ -64,6 +64,9 @@ def start(launch: Launcher, binary: Path, state_dir: Path, pki: Path, port: int,
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
         "--enable-admission-plugins=NodeRestriction",
+        # Admission webhooks (the chart's) called at their Service's endpoints, the pods' IPs: no kube-proxy
+        # routes a ClusterIP here.
+        "--enable-aggregator-routing=true",
         "--profiling=false",
         "--event-ttl=1h",
         f"--audit-policy-file={policy}",

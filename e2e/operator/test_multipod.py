@@ -25,14 +25,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
 
-from e2e.controlplane.binaries import built
 from e2e.fixtures import wait_for
 from e2e.operator.jobs import StatusHistory, get_job, wait_events
 from e2e.operator.test_usage import requested
 from e2e.operator.tiny import EXAMPLE, reward_config_map, tiny_job
-from e2e.pods.devcluster import RELEASE, helm_install
 from e2e.pods.kubelet import NODE_LABEL
 from e2e.pods.volumes import bind_script, container_mounts, make_sub_paths, make_volumes, memory_tmpfs
 from e2e.storage import local_claim, sub_path
@@ -91,17 +88,15 @@ class RayState:
 
 
 def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: Path, name: str, steps: int,
-              node: str, image: str | None, interval: int = INTERVAL, one_node: bool = False, **spec) -> Path:
+              node: str, image: str | None, interval: int = INTERVAL, **spec) -> Path:
     """The tiny GRPO job on a head and two CPU worker pods of the runtime's `node`, from `image` (None: the
     operator's trainer image): the model and the prompts on a claim of that node, the checkpoints on another, which every
-    pod mounts; returns the checkpoint volume's directory. one_node: one worker pod (both actor ranks and the
-    engine) and ReadWriteOnce claims, as a single box or a cloud's default storage class has them."""
-    modes = ("ReadWriteOnce",) if one_node else ("ReadWriteMany",)
-    models = local_claim(core, namespace, "models", tmp_path / "models-volume", access_modes=modes, node=node)
+    pod mounts; returns the checkpoint volume's directory. (A one-node job on ReadWriteOnce claims, as a single box
+    or a cloud's default storage class has them, is e2e/test_dev_cluster.py's.)"""
+    models = local_claim(core, namespace, "models", tmp_path / "models-volume", node=node)
     shutil.copytree(tiny_model, models / "tiny")
     shutil.copytree(EXAMPLE.parent / "tiny", models / "data")
-    checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", access_modes=modes,
-                              node=node)
+    checkpoints = local_claim(core, namespace, "checkpoints", tmp_path / "checkpoints-volume", node=node)
     job_file = tiny_job(tmp_path, name, reward_config_map(control_plane, namespace),
                         actor={"path": "tiny", "pvc": {"claimName": "models"}}, steps=steps,
                         checkpoint={"pvc": "checkpoints", "path": CHECKPOINTS, "intervalSteps": interval, "keep": 2})
@@ -109,8 +104,7 @@ def apply_job(control_plane, core, namespace: str, tmp_path: Path, tiny_model: P
     manifest["spec"]["data"]["prompts"]["sources"][0]["path"] = f"{model_mount('actor')}/data/prompts.jsonl"
     manifest["spec"]["resources"] = {
         **({"image": image} if image else {}), "gpusPerNode": 0, "head": {"cpu": "1", "memory": "3Gi"},
-        **({"nodes": 1, "worker": {"cpu": "3", "memory": "6Gi"}} if one_node else
-           {"nodes": 2, "worker": {"cpu": "2", "memory": "5Gi"}}),
+        "nodes": 2, "worker": {"cpu": "2", "memory": "5Gi"},
         "shmSize": "1Gi", "nodeSelector": {NODE_LABEL: "true"},
         "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}
     manifest["spec"].update(spec)
@@ -360,54 +354,3 @@ def test_a_suspended_job_checkpoints_the_step_it_reached_and_resumes_after_it(
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert steps_logged(run_dir)[len(logged):] == list(range(saved + 1, steps + 1))  # resumed after `saved`
     print(f"pod runtime suspend: suspended after step {saved} of {steps}; resumed from its checkpoint")
-
-
-def test_the_chart_s_two_operator_pods_from_the_built_image_run_a_job_through_a_leader_s_death(
-        control_plane, kube, kube_api, namespace, pod_runtime, operator_image, trainer_image, tiny_model, tmp_path):
-    """`helm install` of the chart with the operator image the suite built, two replicas on the runtime's
-    node, and the built trainer image as the chart's CPU trainer: the leader pod is SIGKILLed once it
-    has created the job's RayJob, the standby takes the Lease over and the job, which names no image,
-    ends Succeeded with one RayJob. The job is one node's, on ReadWriteOnce claims (issue 52): its head
-    is scheduled beside its worker and both mount them."""
-    release_namespace = f"{namespace}-op"  # the operator's own namespace, as a cluster would have it
-    helm_install(control_plane, operator_image, trainer_image, release_namespace, {
-        "watchNamespaces": [namespace], "replicas": 2,
-        # The chart's lease and renew deadline (15 s, 10 s: a 3 s deadline was missed under load), a quicker retry.
-        "leaderElection": {"enabled": True, "retryPeriod": 1},
-        "nodeSelector": {NODE_LABEL: "true"},
-        "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]}, tmp_path / "values.yaml")
-    helm = [built("helm", "HELM"), "--kubeconfig", str(control_plane.kubeconfig), "-n", release_namespace]
-    try:
-        core = kube_api.core
-        operators = wait_for(lambda: (pods := [p for p in core.list_namespaced_pod(
-            release_namespace, label_selector="app.kubernetes.io/name=rlhf-operator").items
-            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]) and len(pods) == 2
-            and pods, 300, "both operator pods Ready")
-        assert {p.spec.containers[0].image for p in operators} == {operator_image}
-        started = time.monotonic()
-        checkpoints = apply_job(control_plane, core, namespace, tmp_path, tiny_model, "chart", STEPS,
-                                pod_runtime.node, None, one_node=True)
-        # Killed once the leader has created the job's RayJob: the standby takes over while the Ray cluster
-        # starts, and reconciles the job from there to its end (the tiny job runs in well under a minute).
-        wait_for(lambda: get_job(kube, namespace, "chart").get("status", {}).get("rayJobName"), 600,
-                 "the leader to create the job's RayJob")
-        leader = lease_holder(kube_api, release_namespace)
-        pod_runtime.kill(release_namespace, leader)
-        standby = next(p.metadata.name for p in operators if p.metadata.name != leader)
-        wait_for(lambda: lease_holder(kube_api, release_namespace) == standby, 120, f"{standby} to take the Lease over")
-        job = wait_end(kube, namespace, "chart", pod_runtime, started)
-        assert job["status"]["phase"] == "Succeeded", job["status"]
-        rayjobs = kube.list("RayJob", namespace, "")
-        assert len(rayjobs) == 1 and rayjobs[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"][
-            "containers"][0]["image"] == trainer_image
-        assert (checkpoints / "chart" / f"step-{STEPS:08d}" / "trainer_state.json").is_file()
-    finally:
-        subprocess.run([*helm, "uninstall", RELEASE, "--wait"], capture_output=True)
-        kube_api.core.delete_namespace(release_namespace)
-
-
-def lease_holder(kube_api, namespace: str) -> str:
-    """The pod that leads: the Lease (named after the release) holds the pod's name and a suffix
-    (rlhf_operator/leader.py)."""
-    lease = client.CoordinationV1Api(kube_api.core.api_client).read_namespaced_lease(RELEASE, namespace)
-    return (lease.spec.holder_identity or "").rsplit("_", 1)[0]

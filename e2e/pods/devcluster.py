@@ -62,15 +62,16 @@ def helm_install(cp: ControlPlane, operator_image: str, trainer_image: str, name
 
 
 def helm_install_released(cp: ControlPlane, chart: str, version: str, plain_http: bool, namespace: str,
-                          values_file: Path) -> None:
-    """`helm install` of a released chart from its registry, with its own CRDs and images: the control plane's
-    CRDs (installed from crds/ at its start) are handed to the release first, as helm adopts an object."""
+                          values_file: Path, values: dict[str, Any]) -> None:
+    """`helm install` of a released chart from its registry, with its own CRDs and images (and `values`): the
+    control plane's CRDs (installed from crds/ at its start) are handed to the release first, as helm adopts an
+    object."""
     crds = [name for name in cp.kubectl("get", "crd", "-o", "name").stdout.split() if name.endswith(f".{api.GROUP}")]
     cp.kubectl("label", *crds, "app.kubernetes.io/managed-by=Helm", "--overwrite")
     cp.kubectl("annotate", *crds, f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={namespace}",
                "--overwrite")
     _helm_install(cp, namespace, [chart, "--version", version, *(["--plain-http"] if plain_http else [])],
-                  values_file, {})
+                  values_file, values)
 
 
 def _helm_install(cp: ControlPlane, namespace: str, chart: list[str], values_file: Path, values: dict[str, Any]) -> None:
@@ -116,7 +117,8 @@ def example_storage(cp: ControlPlane, state: Path, node: str) -> None:
         except ApiException as error:
             if error.status != 404:
                 raise
-            local_claim(core, NAMESPACE, claim, volumes / claim, node=node)
+            # ReadWriteOnce, as a single box's or a cloud's default storage class has it: the example is one node's.
+            local_claim(core, NAMESPACE, claim, volumes / claim, access_modes=("ReadWriteOnce",), node=node)
     if not (TINY / "model" / "config.json").exists():
         from rlhf_trainer.tiny import build_tiny_model
 
@@ -153,12 +155,13 @@ def up(state: Path, export: IO[str], released: argparse.Namespace) -> int:
     if controlplane(["--state-dir", str(state), "up", "--no-kwok"]) != 0:  # its export line goes to stderr here
         return 1
     cp = ControlPlane.attach(state)
+    values = yaml.safe_load(released.values.read_text()) if released.values else {}
     if released.chart is None:  # the operator's pod waits for the node, started next
         helm_install(cp, images.build(images.OPERATOR, log), images.build(images.TRAINER_CPU, log), RELEASE_NAMESPACE,
-                     {}, state / "values.yaml")
+                     values, state / "values.yaml")
     else:
         helm_install_released(cp, released.chart, released.version, released.plain_http, RELEASE_NAMESPACE,
-                              state / "values.yaml")
+                              state / "values.yaml", values)
     images.base(log)  # the runtime's image store
     node = start_pod_runtime(cp, state)
     example_storage(cp, state, node)
@@ -180,6 +183,7 @@ def main() -> int:
                                         "checkout's with the images built from it")
     parser.add_argument("--version", help="the released chart's version (with --chart)")
     parser.add_argument("--plain-http", action="store_true", help="the chart's registry speaks HTTP (with --chart)")
+    parser.add_argument("--values", type=Path, help="a values file for the chart (helm's -f), e.g. webhook.enabled")
     args = parser.parse_args()
     if args.chart is not None and args.version is None:
         parser.error("--chart needs --version")
