@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_jobs import EXAMPLES, NAMESPACE, UID, as_job, load_example, tiny
+from operator_jobs import EXAMPLES, NAMESPACE, ROOT, UID, as_job, load_example, tiny
 
 from rlhf_operator import names, render
 from rlhf_api import contract
@@ -18,18 +18,23 @@ from rlhf_api.runtimes import applied
 GOLDEN = Path(__file__).parent / "golden"
 
 
+def example_job(example: Path) -> api.RLHFJob:
+    """An example as the operator makes it: completed by the runtime it names, beside it (examples/runtimes/)."""
+    job = as_job(yaml.safe_load(example.read_text()))
+    if job.spec.runtime_ref:
+        runtime = api.RLHFRuntime.model_validate(yaml.safe_load(
+            (example.parent / "runtimes" / f"{job.spec.runtime_ref.name}.yaml").read_text()))
+        job = job.model_copy(update={"spec": applied(job.spec, runtime.spec)})
+    return job
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_rendered_ray_job_matches_golden(example: Path, monkeypatch):
     """UPDATE_GOLDEN=1 rewrites the golden files; review the diff like code. The trainer images are the
     installation's, named apart from the version so that a release leaves the golden files alone."""
     for device, variable in render.TRAINER_IMAGE_ENV.items():
         monkeypatch.setenv(variable, f"registry.example.com/rlhf/trainer:X.Y.Z-{device}")
-    job = as_job(yaml.safe_load(example.read_text()))
-    if job.spec.runtime_ref:  # as the operator makes it: completed by the runtime beside it (examples/runtimes/)
-        runtime = api.RLHFRuntime.model_validate(yaml.safe_load(
-            (example.parent / "runtimes" / f"{job.spec.runtime_ref.name}.yaml").read_text()))
-        job = job.model_copy(update={"spec": applied(job.spec, runtime.spec)})
-    rendered = yaml.safe_dump(render.ray_job(job), sort_keys=False)
+    rendered = yaml.safe_dump(render.ray_job(example_job(example)), sort_keys=False)
     golden = GOLDEN / f"{example.stem}.rayjob.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(rendered)
@@ -180,7 +185,7 @@ def test_config_is_mounted_at_the_contract_path_in_head_and_workers():
 
 
 def test_gpu_workers_get_gpus_product_affinity_and_tolerate_gpu_taints():
-    _, worker = head_and_worker(render.ray_job(as_job(load_example("rloo-job.yaml"))))
+    _, worker = head_and_worker(render.ray_job(example_job(ROOT / "manifests" / "examples" / "rloo-job.yaml")))
     assert (worker["replicas"], worker["minReplicas"], worker["maxReplicas"]) == (1, 1, 1)
     assert container(worker)["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert container(worker)["resources"]["requests"]["nvidia.com/gpu"] == "8"
