@@ -215,14 +215,17 @@ def test_broken_environments_say_what_to_fix(tmp_path):
 
 
 def test_an_http_environment_is_called_per_episode():
-    """A real HTTP service playing the game: reset and step name the episode; a malformed answer is refused."""
+    """A real HTTP service playing the game: reset and step name the episode; a malformed answer is refused. A
+    vision-language prompt's reset carries its image references (never the pixels); a text prompt's none."""
     games: dict[str, str] = {}
+    images: dict[str, list[str] | None] = {}
 
     class Game(BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if body["action"] == "reset":
                 games[body["episode"]] = body["label"]
+                images[body["episode"]] = body.get("images")
                 answer = {"observation": "guess"}
             elif body["completion"] == "broken":
                 answer = {"reward": 1}
@@ -245,7 +248,8 @@ def test_an_http_environment_is_called_per_episode():
         new = environment_factory(spec, Path("."))
         first, second = new(), new()
         assert isinstance(first, HTTPEnvironment) and first.episode != second.episode
-        assert first.reset("p", "b") == "guess" and second.reset("p", "c") == "guess"
+        assert first.reset("p", "b", images=["/data/0.png"]) == "guess" and second.reset("p", "c") == "guess"
+        assert images == {first.episode: ["/data/0.png"], second.episode: None}
         assert checked_step(first.step("a"), spec) == ("no", 0.0, False)
         assert checked_step(second.step("c"), spec) == ("", 1.0, True)
         assert checked_step(first.step("b"), spec) == ("", 1.0, True)

@@ -186,6 +186,113 @@ def test_partial_asynchronous_rollouts_with_images(tiny_vlm, local_ray, tmp_path
     assert gaps[0] < AGREEMENT[False] and min(gaps[1:]) > 1e-4, gaps
 
 
+OTHER_ESTIMATORS = ("gspo", "reinforce++", "reinforce++-baseline", "raft", "online-dpo")
+
+
+@pytest.fixture(scope="module")
+def colour_prompts(tmp_path_factory) -> Path:
+    """Eight of the colour task's prompts and a reward, shared by the short runs below. The reward counts the label's
+    letter, and a hundredth per character: a random policy's groups all score 0 on the letter alone, which gives no
+    estimator a gradient at its first step (nor the KL any to move by)."""
+    directory = tmp_path_factory.mktemp("colour-prompts")
+    records = colour_task(directory, 8, seed=0, split="train")
+    (directory / "train.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (directory / "colour_reward.py").write_text(
+        "def score(prompts, completions, labels):\n"
+        "    return [answer.count(label) + len(answer) / 100 for answer, label in zip(completions, labels)]\n")
+    return directory
+
+
+COLOUR_REWARD = {"sources": [{"name": "colour", "type": "function", "function": {"entrypoint": "colour_reward.py:score"}}]}
+
+
+@pytest.mark.parametrize("algorithm", OTHER_ESTIMATORS)
+def test_the_other_online_estimators_train_on_image_prompts(algorithm, tiny_vlm, colour_prompts, local_ray, tmp_path,
+                                                            capsys):
+    """The actor-only online estimators share GRPO's rollout, scoring and update path: two steps each on image
+    prompts (the smallest batches their groups allow), the second step's vLLM and trainer log-probs agree after the
+    first update's weight sync (the projector included), and the policy has moved away from its reference."""
+    import shutil
+
+    from rlhf_api.algorithms import TAKES_IMAGES
+    from rlhf_trainer.reporting import JsonlWriter
+    from rlhf_trainer.run import run
+
+    from tests.trainer.conftest import write_toy_job
+    from tests.trainer.test_real_model import AGREEMENT
+
+    assert algorithm in TAKES_IMAGES
+    shutil.copytree(colour_prompts, tmp_path, dirs_exist_ok=True)
+    job = write_toy_job(tmp_path, tiny_vlm, **{
+        "algorithm": algorithm, "reward": COLOUR_REWARD, "data.prompts.sources": [{"path": "train.jsonl"}], "data.maxPromptTokens": 128,
+        "evaluation": None, "rollout.samplesPerPrompt": 4, "training.rolloutBatchSize": 2,
+        "training.trainBatchSize": 8, "training.microTrainBatchSize": 8, "training.microRolloutBatchSize": 8,
+        "training.maxSteps": 2, "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False})
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    assert run(job, output_dir=tmp_path / "run", reporters=[JsonlWriter(metrics_file)]) == 0
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    with capsys.disabled():
+        print(f"\n{algorithm} on image prompts: log-prob gap per step {[m['logprob_diff'] for m in metrics]}, "
+              f"kl {[m['kl'] for m in metrics]}")
+    assert [m["step"] for m in metrics] == [1, 2], metrics
+    assert metrics[1]["logprob_diff"] < AGREEMENT[False], metrics[1]
+    assert metrics[1]["kl"] > 0, metrics[1]
+
+
+COLOUR_ENVIRONMENT = """
+import json
+
+class Colour:
+    \"\"\"Two turns: the answer's first letter against the label, then again; reset records what it received.\"\"\"
+
+    def reset(self, prompt, label, images=None):
+        self.label = label
+        with open({seen!r}, "a") as seen:
+            seen.write(json.dumps({{"label": label, "images": images}}) + "\\n")
+
+    def step(self, completion):
+        return "Again:", float(completion.strip()[:1] == self.label), False
+"""
+
+
+def test_an_environment_gets_the_image_references_and_every_turn_the_images(tiny_vlm, colour_prompts, local_ray,
+                                                                            tmp_path):
+    """spec.environment on image prompts: reset gets each prompt's image references (the ones rewards get, never
+    the pixels), and every turn's request carries the prompt's images: before any update vLLM's log-probs of both
+    turns' tokens agree with the trainer's, which reads the images (a turn sent without them would not)."""
+    import shutil
+
+    from rlhf_trainer.reporting import JsonlWriter
+    from rlhf_trainer.run import run
+
+    from tests.trainer.conftest import write_toy_job
+    from tests.trainer.test_real_model import AGREEMENT
+
+    shutil.copytree(colour_prompts, tmp_path, dirs_exist_ok=True)
+    seen = tmp_path / "seen.jsonl"
+    (tmp_path / "colour_env.py").write_text(COLOUR_ENVIRONMENT.format(seen=str(seen)))
+    job = write_toy_job(tmp_path, tiny_vlm, **{
+        "reward": None, "environment": {"type": "function", "function": {"entrypoint": "colour_env.py:Colour"},
+                                        "maxTurns": 2, "maxTokensPerTurn": 4},
+        "data.prompts.sources": [{"path": "train.jsonl"}], "data.maxPromptTokens": 128, "evaluation": None,
+        "rollout.samplesPerPrompt": 4, "rollout.maxNewTokens": 16, "training.rolloutBatchSize": 2,
+        "training.trainBatchSize": 8, "training.microTrainBatchSize": 8, "training.microRolloutBatchSize": 8,
+        "training.maxSteps": 2, "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False})
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    assert run(job, output_dir=tmp_path / "run", reporters=[JsonlWriter(metrics_file)]) == 0
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["turns"] == 2, metrics
+    assert metrics[0]["logprob_diff"] < AGREEMENT[False], metrics[0]
+
+    records = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    references = {record["label"]: [] for record in records}
+    for record in records:
+        references[record["label"]].append([str(tmp_path / record["prompt"][0]["content"][0]["image"])])
+    received = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(received) == 2 * 2 * 4  # two steps of two prompts, four episodes each
+    assert all(r["images"] in references[r["label"]] for r in received), received
+
+
 def test_the_vision_tower_is_frozen_and_never_synced(tiny_vlm):
     """training.freezeVisionTower: the tower's weights get no gradient and the weight sync leaves them out; the
     projector (the merger) and the language model train and are sent."""

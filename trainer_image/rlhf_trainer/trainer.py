@@ -138,9 +138,6 @@ class Trainer(RunLoop):
         if (with_images := sum(bool(item.images) for item in dataset.items)) and not ALGORITHMS[self.spec.algorithm].images:
             raise ValueError(f"data.prompts: {with_images} prompts have images (image parts in their messages), and "
                              f"{self.spec.algorithm} does not take images: use one of {prose(TAKES_IMAGES)}")
-        if with_images and self.spec.environment:
-            raise ValueError(f"data.prompts: {with_images} prompts have images, and spec.environment's episodes are "
-                             "text only: remove spec.environment, or the images")
         self._use_data(PromptLoader(dataset, self.training.rollout_batch_size, seed=self.training.seed,
                                     shuffle=self.spec.data.prompts.shuffle), passes=self.training.episodes)
         samples = self.training.rollout_batch_size * self.rollout.samples_per_prompt

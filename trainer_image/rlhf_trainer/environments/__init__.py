@@ -1,6 +1,8 @@
 """Environments of multi-turn rollouts (spec.environment): one object per episode with
 
     reset(prompt, label) -> None, or a first observation (text)
+    reset(prompt, label, images=None): also gets the prompt's image references (data.PromptItem.images:
+        paths, URLs or base64 data URIs; never the pixels) when it takes an `images` keyword, as rewards do
     step(completion) -> (observation: str, reward: float, done: bool)
 
 `completion` is the text of the policy's last turn; the observation is tokenized and appended to the
@@ -23,7 +25,7 @@ from .http import HTTPEnvironment, http_factory
 
 
 class Environment(Protocol):
-    def reset(self, prompt: str, label: Any) -> str | None: ...
+    def reset(self, prompt: str, label: Any) -> str | None: ...  # optionally images=None (see above)
 
     def step(self, completion: str) -> tuple[str, float, bool]: ...
 

@@ -33,8 +33,10 @@ class HTTPEnvironment:
         self.client, self.episode = client, episode
         self.turn = 0  # steps answered so far
 
-    def reset(self, prompt: str, label: Any) -> str | None:
-        answer = self.client.post({"action": "reset", "episode": self.episode, "prompt": prompt, "label": label})
+    def reset(self, prompt: str, label: Any, images: list[str] | None = None) -> str | None:
+        """images: the prompt's image references (a vision-language job's), sent as the payload's "images"."""
+        answer = self.client.post({"action": "reset", "episode": self.episode, "prompt": prompt, "label": label,
+                                   **({"images": images} if images else {})})
         return answer.get("observation") if isinstance(answer, dict) else None
 
     def step(self, completion: str) -> tuple[str, float, bool]:

@@ -5,6 +5,9 @@ re-tokenized) go to the vLLM engines, each with the token budget it has left; th
 on the decoded turn and its observation's tokens are appended. The episode is returned as one
 Completion whose policy_mask is False on observation tokens (context the loss does not see) and
 whose log-probs are the engine's for the policy's tokens.
+
+A prompt's images (a vision-language job's) go with every turn's request, as its expanded image tokens
+stay at the head of the episode's tokens; an environment whose reset takes `images` gets their references.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ray
 from rlhf_api.v1alpha1 import EnvironmentSpec
 
 from ..data import PromptItem
+from ..rewards import takes_images
 from ..workers.rollout import Completion
 from . import Environment, EnvironmentFailure, checked_step, describe, environment_factory
 
@@ -78,7 +82,9 @@ class EpisodeRunner:
         n = sampling["n"]
         episodes = [Episode(p, self.new_environment(), self.max_new_tokens) for p in prompts for _ in range(n)]
         for episode in episodes:
-            first = self._call(episode.env.reset, episode.prompt.prompt, episode.prompt.label)
+            images = list(episode.prompt.images)
+            shown = {"images": images} if images and takes_images(episode.env.reset) else {}
+            first = self._call(episode.env.reset, episode.prompt.prompt, episode.prompt.label, **shown)
             if first:
                 episode.observe(self._tokens(first))
         for turn in range(self.spec.max_turns):
@@ -87,7 +93,8 @@ class EpisodeRunner:
                 break
             per_turn = self.spec.max_tokens_per_turn or self.max_new_tokens
             requests = [dict(sampling, n=1, max_tokens=min(e.left, per_turn)) for e in live]
-            outputs = self._generate([e.prompt.prompt_token_ids + e.token_ids for e in live], requests)
+            outputs = self._generate([e.prompt.prompt_token_ids + e.token_ids for e in live], requests,
+                                     [e.prompt.images for e in live])
             for episode, output in zip(live, outputs):
                 episode.act(output)
                 text = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
@@ -106,17 +113,19 @@ class EpisodeRunner:
         # Special tokens written in the text (a chat template's turn markers) are encoded as such.
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _call(self, method, *args):
+    def _call(self, method, *args, **keywords):
         try:
-            return method(*args)
+            return method(*args, **keywords)
         except Exception as error:
             raise EnvironmentFailure(f"{describe(self.spec)}: {method.__name__} failed: {error}") from error
 
-    def _generate(self, prompt_token_ids: list[list[int]], sampling: list[dict]) -> list[Completion]:
-        """One completion per request, the requests split over the engines."""
+    def _generate(self, prompt_token_ids: list[list[int]], sampling: list[dict],
+                  images: list[tuple[str, ...]]) -> list[Completion]:
+        """One completion per request, the requests split over the engines; images: each request's prompt's."""
         per_engine = -(-len(prompt_token_ids) // len(self.engines))
         chunks = [slice(i * per_engine, (i + 1) * per_engine) for i in range(len(self.engines))]
-        results = ray.get([engine.generate.remote(prompt_token_ids[c], sampling[c])
+        results = ray.get([engine.generate.remote(prompt_token_ids[c], sampling[c],
+                                                  **({"images": images[c]} if any(images[c]) else {}))
                            for engine, c in zip(self.engines, chunks) if prompt_token_ids[c]])
         return [per_prompt[0] for completions, _ in results for per_prompt in completions]
 
