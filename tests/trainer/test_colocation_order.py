@@ -51,7 +51,7 @@ class Group:
     def __init__(self, role: str, calls: list[str]) -> None:
         self.role, self.calls = role, calls
 
-    def start_forward(self, sequences, attention_mask, num_actions):
+    def start_forward(self, sequences, attention_mask, num_actions, vision=None):
         self.calls.append(f"start {self.role}")
 
         def result():

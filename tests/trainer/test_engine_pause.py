@@ -67,6 +67,7 @@ def test_a_pause_between_the_wait_and_the_lock_loses_nothing_and_blocks_nothing(
     engine = RolloutEngine.__new__(RolloutEngine)  # its own methods, on the stand-in engine
     engine.llm = SimpleNamespace(llm_engine=CoreInItsOwnProcess())
     engine.threads, engine.seeds_requests, engine.seed, engine.requests = torch.get_num_threads(), False, 0, 0
+    engine.logit_bias = None  # a text model: no token is kept from sampling
     engine._track_requests()
     engine.unpaused = PausedRightAfterTheWait(engine)
 

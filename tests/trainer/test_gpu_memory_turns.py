@@ -75,7 +75,7 @@ class Group:
     def __init__(self, role: str, worker: ModelWorker, gpu: FakeAccelerator):
         self.role, self.worker, self.gpu = role, worker, gpu
 
-    def start_forward(self, sequences, attention_mask, num_actions):
+    def start_forward(self, sequences, attention_mask, num_actions, vision=None):
         self.gpu.process = self.role
         out = self.worker.forward(sequences, attention_mask, num_actions)
         return lambda: out

@@ -85,7 +85,8 @@ def _qlora_model(path) -> nn.Module:
 def test_qlora_sync_sends_every_weight_as_the_unquantized_model_holds_it(tiny_model, monkeypatch):
     model = _qlora_model(tiny_model)
     _install_bitsandbytes_seam(monkeypatch)
-    actor = SimpleNamespace(engine=SimpleNamespace(module=model), zero3=False)
+    actor = SimpleNamespace(engine=SimpleNamespace(module=model, autotp_size=lambda: 1), zero3=False,
+                            frozen_tower=frozenset())
     buckets: list[torch.Tensor] = []
     send_parameters(actor, [SimpleNamespace(send=buckets.append, done=lambda: None)], torch.bfloat16, BUCKET_BYTES)
     received = iter(buckets)
