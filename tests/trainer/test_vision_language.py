@@ -186,7 +186,21 @@ def test_partial_asynchronous_rollouts_with_images(tiny_vlm, local_ray, tmp_path
     assert gaps[0] < AGREEMENT[False] and min(gaps[1:]) > 1e-4, gaps
 
 
-OTHER_ESTIMATORS = ("gspo", "reinforce++", "reinforce++-baseline", "raft", "online-dpo")
+# Two of the other actor-only online estimators run: gspo (a sequence-level ratio) and online-dpo (pairs and an NLL
+# loss against the reference), the two whose update differs most from GRPO's; reinforce++, reinforce++-baseline and
+# raft differ from these only in their advantages, which see no image (tests/trainer/test_advantages.py). About 50 s
+# each on a busy machine: all five were 270 s.
+OTHER_ESTIMATORS = ("gspo", "online-dpo")
+
+
+def test_every_online_estimator_that_takes_images_trains_no_value_head():
+    """What lets an online estimator take images: its models are image-text-to-text models, so no role of its
+    loads a value head (critic, reward) or a teacher's distribution (distill), which load as text models only."""
+    from rlhf_api.algorithms import ALGORITHMS, TAKES_IMAGES
+
+    online = {name for name in TAKES_IMAGES if ALGORITHMS[name].online}
+    assert online == {"grpo", "dr-grpo", "gspo", "reinforce++", "reinforce++-baseline", "rloo", "raft", "online-dpo"}
+    assert all(set(ALGORITHMS[name].roles) <= {"actor", "reference"} for name in online)
 
 
 @pytest.fixture(scope="module")
