@@ -11,7 +11,7 @@ from .reward import ENTRYPOINT_PATTERN
 
 
 class EnvironmentClass(APIModel):
-    """A Python class with `reset(prompt, label)` and `step(completion) -> (observation, reward, done)`; one instance per episode."""
+    """A Python class with `reset(prompt, label)` and `step(completion) -> (observation, reward, done)`; one instance per episode. A `reset` that takes an `images` keyword also gets the prompt's image references (paths or URLs, never pixels)."""
 
     entrypoint: str = Field(pattern=ENTRYPOINT_PATTERN, max_length=512)
     """module:Class importable in the image, or file.py:Class (relative to the ConfigMap or the job file's directory)."""
@@ -20,7 +20,7 @@ class EnvironmentClass(APIModel):
 
 
 class EnvironmentHTTP(APIModel):
-    """An environment served over HTTP. POST url {"action": "reset", "episode", "prompt", "label"} answers anything (an optional "observation"); POST url {"action": "step", "episode", "turn", "completion"} answers {"observation", "reward", "done"}. episode is an id unique within the run; turn counts the episode's steps from 0. A step is retried after a timeout or a 5xx answer with the same episode and turn: answer a repeat with the first answer, without applying the turn again."""
+    """An environment served over HTTP. POST url {"action": "reset", "episode", "prompt", "label"} (and "images", the prompt's image references, when it has images) answers anything (an optional "observation"); POST url {"action": "step", "episode", "turn", "completion"} answers {"observation", "reward", "done"}. episode is an id unique within the run; turn counts the episode's steps from 0. A step is retried after a timeout or a 5xx answer with the same episode and turn: answer a repeat with the first answer, without applying the turn again."""
 
     url: str = Field(pattern=r"^https?://", max_length=2048)
     """Endpoint URL, starting with http:// or https://."""
