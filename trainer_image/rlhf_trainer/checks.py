@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rlhf_api.algorithms import ALGORITHMS
 from rlhf_api.paths import model_path
-from rlhf_api.planning.memory import (GPU_MEMORY_MIB, gpu_label, local_config, plan_memory, ranks_per_copy,
-                                      refuse_unless_fits, shapes_of)
+from rlhf_api.planning.memory import (GPU_MEMORY_MIB, gpu_label, head_counts, local_config, plan_memory,
+                                      ranks_per_copy, refuse_unless_fits, shapes_of)
 from rlhf_api.planning.placement import ROLLOUT, Placement, plan_placement
 from rlhf_api.v1alpha1 import ModelsSpec, RLHFJobSpec
 from rlhf_api.validation import FieldError, InvalidJob
@@ -253,11 +253,7 @@ def _tensor_parallel_problems(spec: RLHFJobSpec, placement: Placement, base_dir:
             errors.append(FieldError(f"spec.resources.gpus.{role}", f"the {role} has {ranks} ranks, which do not form "
                                      f"groups of training.tensorParallel.size {size}: set resources.gpus.{role} to a "
                                      "multiple of it"))
-        config = _local_config(spec, role, base_dir)
-        config = config.get("text_config", config)
-        heads = {"attention heads": config.get("num_attention_heads"),
-                 "key-value heads": config.get("num_key_value_heads", config.get("num_attention_heads"))}
-        for what, count in heads.items():
+        for what, count in head_counts(_local_config(spec, role, base_dir)).items():
             if count is not None and count % size:
                 errors.append(FieldError("spec.training.tensorParallel.size", f"the {role}'s model has {count} {what}, "
                                          f"which AutoTP cannot split over {size} ranks: use a size that divides "

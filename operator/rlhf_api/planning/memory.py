@@ -181,6 +181,14 @@ class Shape:
                    layers * (_layer_params(text, hidden, heads, kv_heads, head_dim) - norms), largest)
 
 
+def head_counts(config: dict) -> dict[str, int | None]:
+    """A config.json's attention heads and key-value heads (fewer under grouped-query attention), named for a
+    message; a vision-language model's are its language model's. What a split of the heads must divide."""
+    text = config.get("text_config", config)
+    heads = text.get("num_attention_heads")
+    return {"attention heads": heads, "key-value heads": text.get("num_key_value_heads", heads)}
+
+
 # A vision-language model's language model, by the model's model_type: the text layout _layer_params counts.
 TEXT_MODEL_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
 

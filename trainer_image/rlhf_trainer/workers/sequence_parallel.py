@@ -41,6 +41,8 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
+from rlhf_api.planning.memory import head_counts
+
 ATTENTION = "sequence_parallel"  # the attention implementation registered with transformers (`register`)
 # A per-token read: (logits [M, V] of M positions, where (their (row, token) indices into [B, T])) -> [M, ...]
 Read = Callable[[Tensor, tuple], Tensor]
@@ -207,10 +209,7 @@ def split_problem(config: dict, size: int) -> str | None:
     if "vision_config" in config:
         return ("a vision-language model's passes read whole rows (its image positions are computed over the row), "
                 "and sequence parallelism splits them: remove training.sequenceParallel")
-    config = config.get("text_config", config)
-    heads = config.get("num_attention_heads")
-    counts = {"attention heads": heads, "key-value heads": config.get("num_key_value_heads", heads)}
-    for what, count in counts.items():
+    for what, count in head_counts(config).items():
         if count is not None and count % size:
             return (f"the model has {count} {what}, which sequence parallelism (DeepSpeed-Ulysses: each rank attends "
                     f"with 1/size of them) cannot split over {size} ranks: set training.sequenceParallel.size to a "
