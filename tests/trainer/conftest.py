@@ -48,13 +48,6 @@ def write_toy_job(directory: Path, model: Path, example: Path = TOY_JOB, data: s
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from rlhf_trainer.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.fixture
 def toy_job(tiny_model, tmp_path):
     """write_toy_job with the tiny model, in a directory of this test's own: toy_job(**overrides) -> job file."""

@@ -110,6 +110,17 @@ def test_a_checkpoint_directory_on_each_nodes_own_disk_is_refused_before_any_mod
         group["state"] == "REMOVED" for group in ray.util.placement_group_table().values())
 
 
+def test_a_checkpoint_directory_this_user_cannot_create_is_refused_with_the_os_reason(tmp_path):
+    """checkpoint.path that cannot be made (in a pod: /checkpoints, which uid 1000 may not create; here, where
+    the tests run as root, a path under a file): refused before any node is asked, saying where to point it."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(checkpoint.CheckpointNotShared) as refused:
+        checkpoint.require_shared(tmp_path / "file" / "checkpoints", group=None)
+    assert str(refused.value).startswith(f"checkpoint.path {tmp_path}/file/checkpoints cannot be written: Not a "
+                                         "directory. Point it at a directory this user may create"), refused.value
+    assert "checkpoint.pvc" in str(refused.value)
+
+
 def test_bundles_no_node_can_hold_fail_in_time_saying_what_each_node_has(ray_nodes):
     """Four one-CPU bundles on three one-CPU workers: not a wait without end, a PlacementTimeout that
     lists each node's free CPUs and GPUs; the unplaceable group is removed."""

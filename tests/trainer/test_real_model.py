@@ -15,25 +15,24 @@ from rlhf_trainer.run import run
 pytestmark = pytest.mark.timeout(900)
 
 
-# vLLM's and the trainer's log-probs of the same tokens, mean absolute gap: float32 on both sides agrees to
-# rounding; bfloat16 matmuls (the example's: autocast in the trainer, vLLM in bfloat16) measured 0.018-0.036
-# over the example's 10 steps (2026-11-28). A broken weight sync shows as far more than either.
-AGREEMENT = {False: 1e-4, True: 0.08}
+# vLLM's and the trainer's log-probs of the same tokens, mean absolute gap, in the example's bfloat16 (autocast in
+# the trainer, vLLM in bfloat16): measured 0.018-0.036 over the example's 10 steps (2026-11-28). A broken weight
+# sync shows as far more. (Float32 agreement after every sync is test_learning.py's and test_run_cli.py's, on the
+# tiny model.)
+AGREEMENT = 0.08
 
 
-@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-autocast", "float32"])
-def test_two_steps_of_the_real_model_s_example(smollm2_job, local_ray, tmp_path, bf16):
+def test_two_steps_of_the_real_model_s_example(smollm2_job, local_ray, tmp_path):
     job = smollm2_job(
         **{"training.maxSteps": 2, "training.rolloutBatchSize": 4, "rollout.samplesPerPrompt": 4,
            "training.trainBatchSize": 16, "training.microTrainBatchSize": 4, "rollout.maxNewTokens": 48,
-           "training.bf16": bf16, "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False, "evaluation": None})
+           "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False, "evaluation": None})
     metrics_file = tmp_path / "out" / "metrics.jsonl"
     assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
     first, second = (json.loads(line) for line in metrics_file.read_text().splitlines())
     # vLLM's sampling log-probs (temperature 0.7) and the trainer's of the same tokens agree: before
     # any update, and after step 1's update reached the engine through the weight sync.
-    bound = AGREEMENT[bf16]
-    assert first["logprob_diff"] < bound and second["logprob_diff"] < bound, (first, second)
+    assert first["logprob_diff"] < AGREEMENT and second["logprob_diff"] < AGREEMENT, (first, second)
     assert second["kl"] > 0  # the update did move the actor away from the reference
     # Completions end at the model's end of turn (<|im_end|>, the only stop) far more often than at
     # maxNewTokens: the instruct model answers a sum in a sentence.

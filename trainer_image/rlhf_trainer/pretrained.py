@@ -64,13 +64,21 @@ def build_smollm2(out_dir: str | Path, gguf: str | Path | None = None) -> Path:
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
-    # Written next to out_dir and moved into place only when checked: a directory that exists is whole.
+    return write_checked(model, tokenizer, out, against=loaded)
+
+
+def write_checked(model, tokenizer, out: Path, against) -> Path:
+    """Save `model` and `tokenizer` at `out` once the saved model, loaded back, gives `against`'s logits.
+
+    Written next to `out` and moved into place only when checked: a directory that exists is whole.
+    Raises ValueError when the logits differ.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.", ignore_cleanup_errors=True) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         written = AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32)
-        difference = (_logits(written, tokenizer) - _logits(loaded, tokenizer)).abs().max().item()
+        difference = (_logits(written, tokenizer) - _logits(against, tokenizer)).abs().max().item()
         if difference > 1e-5:
             raise ValueError(f"the converted model's logits differ from the GGUF model's by {difference:.3g}")
         for path in (Path(staging), *Path(staging).iterdir()):  # mkdtemp and safetensors write owner-only
