@@ -6,11 +6,13 @@ one checkpoint interval. One toy run, broken three ways in turn:
 2. the driver ended while it saves the next one (checkpoint.CRASH_IN_SAVE_ENV): that one is
    incomplete, the one before stays usable;
 3. the vLLM engine SIGKILLed a step after the resume;
-then a last run resumes from the newest complete checkpoint and finishes.
+then a last run resumes from the newest complete checkpoint and finishes: at the data position that
+checkpoint saved, with its trained weights, keeping the newest checkpoint.keep.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from run_probes import finish, newest, ray_actor_pids, start, steps_logged
 
 pytestmark = pytest.mark.timeout(900)
 
-STEPS, INTERVAL = 8, 3
+STEPS, INTERVAL, BATCHES_PER_EPOCH = 8, 3, 16  # the toy job: 256 prompts, 16 per rollout
 
 
 def wait(run: subprocess.Popen, log: Path, condition, what: str, timeout: float = 400) -> None:
@@ -82,3 +84,13 @@ def test_killed_workers_and_an_interrupted_save_cost_at_most_one_interval(toy_jo
     assert finish(run, timeout=600) == 0, log.read_text()[-4000:]
     assert steps_logged(out)[logged_before:] == list(range(resumed_from + 1, STEPS + 1))
     assert newest(checkpoints) == STEPS
+    metrics = [json.loads(line) for line in (checkpoints / "logs" / "metrics.jsonl").read_text().splitlines()]
+    before, resumed = metrics[:logged_before], metrics[logged_before]
+    # The next batch after the checkpoint's data position: the first epoch's batches it had consumed.
+    assert resumed["epoch"] == pytest.approx((resumed_from + 1) / BATCHES_PER_EPOCH), resumed
+    # The trained weights came back: the policy's entropy goes on from the checkpoint's step, not the untrained model's.
+    at_checkpoint = [m for m in before if m["step"] == resumed_from][-1]["entropy"]
+    untrained = before[0]["entropy"]
+    assert abs(resumed["entropy"] - at_checkpoint) < abs(resumed["entropy"] - untrained), (resumed, at_checkpoint, untrained)
+    # checkpoint.keep 2: the newest two complete ones (every INTERVAL steps and at the end), no incomplete one left.
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000006", "step-00000008"]
