@@ -54,15 +54,18 @@ def toy_job(tiny_model, tmp_path):
     return lambda **spec: write_toy_job(tmp_path, tiny_model, **spec)
 
 
+TEACHER_ALGORITHM, TEACHER_STEPS = "raft", 10
+
+
 @pytest.fixture(scope="module")
 def raft_teacher(tiny_model, local_ray, tmp_path_factory) -> Path:
-    """A teacher for distillation: the tiny model after raft's 10 steps on the toy task (reward 0.03 -> 0.18,
-    test_learning's test_reward_rises), exported."""
+    """A teacher for distillation: the tiny model after raft's 10 steps on the toy task (reward 0.03 -> 0.18),
+    exported. test_learning's test_reward_rises[raft] checks this run's metrics (its logs/ beside the export)."""
     from rlhf_trainer.run import run
 
     out = tmp_path_factory.mktemp("teacher")
-    job = write_toy_job(out, tiny_model, **{"algorithm": "raft", "training.maxSteps": 10, "training.episodes": 3,
-                                            "checkpoint.intervalSteps": 0})
+    job = write_toy_job(out, tiny_model, **{"algorithm": TEACHER_ALGORITHM, "training.maxSteps": TEACHER_STEPS,
+                                            "training.episodes": 3, "checkpoint.intervalSteps": 0})
     assert run(job, output_dir=out / "run") == 0
     return out / "run" / "checkpoints" / "final"
 

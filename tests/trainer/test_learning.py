@@ -13,9 +13,11 @@ import json
 import pytest
 import torch
 
+from rlhf_api import contract
 from rlhf_trainer import learning_signal
 from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import run
+from tests.trainer.conftest import TEACHER_ALGORITHM, TEACHER_STEPS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -58,12 +60,16 @@ def _mean(values: list[float]) -> float:
 
 
 @pytest.mark.parametrize("algorithm", CASES)
-def test_reward_rises(algorithm, toy_job, local_ray, tmp_path, capsys):
+def test_reward_rises(algorithm, toy_job, local_ray, tmp_path, capsys, request):
     overrides, steps, gain = CASES[algorithm]
-    job = toy_job(**{"algorithm": algorithm, "training.maxSteps": steps, "training.episodes": 3,
-                     "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False, **overrides})
-    metrics_file = tmp_path / "out" / "metrics.jsonl"
-    assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
+    if algorithm == TEACHER_ALGORITHM:  # the distillation tests' teacher is this very run: its metrics, not a second one
+        assert steps == TEACHER_STEPS and not overrides
+        metrics_file = request.getfixturevalue("raft_teacher").parent / contract.LOGS_DIR / "metrics.jsonl"
+    else:
+        job = toy_job(**{"algorithm": algorithm, "training.maxSteps": steps, "training.episodes": 3,
+                         "checkpoint.intervalSteps": 0, "checkpoint.exportHf": False, **overrides})
+        metrics_file = tmp_path / "out" / "metrics.jsonl"
+        assert run(job, output_dir=tmp_path / "out", reporters=[JsonlWriter(metrics_file)]) == 0
 
     metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     RUNS[algorithm] = metrics

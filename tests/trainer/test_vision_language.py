@@ -110,6 +110,9 @@ def test_a_prompt_with_images_is_refused_rather_than_cut(tokenizer, tmp_path):
 # ---------------------------------------------------------------------------------------- GRPO on the colour task
 
 STEPS = 30
+# vLLM's and the trainer's log-probs of the same tokens, mean absolute gap, both in float32: rounding (about 2e-7
+# measured here). The bound the text path's real model held in float32; a broken weight sync shows as far more.
+FLOAT32_AGREEMENT = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -149,12 +152,11 @@ def test_grpo_learns_the_colour_from_the_image(colour_run, capsys):
 def test_vllm_and_the_trainer_agree_on_the_log_probs_of_image_prompts(colour_run):
     """The first step's samples, before any update: vLLM's log-probs of the tokens it sampled from the images and
     the actor's of the same tokens, with the same images (the text path's float32 tolerance)."""
-    from tests.trainer.test_real_model import AGREEMENT
 
     [first] = [m for m in colour_run if m["step"] == 1]
-    assert first["logprob_diff"] < AGREEMENT[False], first
+    assert first["logprob_diff"] < FLOAT32_AGREEMENT, first
     # and after every update: the weight sync's projector reached the engines, whose cached image embeddings went
-    assert max(m["logprob_diff"] for m in colour_run if "logprob_diff" in m) < AGREEMENT[False]
+    assert max(m["logprob_diff"] for m in colour_run if "logprob_diff" in m) < FLOAT32_AGREEMENT
 
 
 def test_partial_asynchronous_rollouts_with_images(tiny_vlm, local_ray, tmp_path, capsys):
@@ -166,7 +168,6 @@ def test_partial_asynchronous_rollouts_with_images(tiny_vlm, local_ray, tmp_path
     from rlhf_trainer.run import run
 
     from tests.trainer.conftest import write_toy_job
-    from tests.trainer.test_real_model import AGREEMENT
 
     records = colour_task(tmp_path, 32, seed=0, split="train")
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
@@ -183,7 +184,7 @@ def test_partial_asynchronous_rollouts_with_images(tiny_vlm, local_ray, tmp_path
               f"{[m['rollout/partial_fraction'] for m in metrics]}")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert max(m["rollout/staleness_max"] for m in metrics) == 1
-    assert gaps[0] < AGREEMENT[False] and min(gaps[1:]) > 1e-4, gaps
+    assert gaps[0] < FLOAT32_AGREEMENT and min(gaps[1:]) > 1e-4, gaps
 
 
 # Two of the other actor-only online estimators run: gspo (a sequence-level ratio) and online-dpo (pairs and an NLL
@@ -233,7 +234,6 @@ def test_the_other_online_estimators_train_on_image_prompts(algorithm, tiny_vlm,
     from rlhf_trainer.run import run
 
     from tests.trainer.conftest import write_toy_job
-    from tests.trainer.test_real_model import AGREEMENT
 
     assert algorithm in TAKES_IMAGES
     shutil.copytree(colour_prompts, tmp_path, dirs_exist_ok=True)
@@ -249,7 +249,7 @@ def test_the_other_online_estimators_train_on_image_prompts(algorithm, tiny_vlm,
         print(f"\n{algorithm} on image prompts: log-prob gap per step {[m['logprob_diff'] for m in metrics]}, "
               f"kl {[m['kl'] for m in metrics]}")
     assert [m["step"] for m in metrics] == [1, 2], metrics
-    assert metrics[1]["logprob_diff"] < AGREEMENT[False], metrics[1]
+    assert metrics[1]["logprob_diff"] < FLOAT32_AGREEMENT, metrics[1]
     assert metrics[1]["kl"] > 0, metrics[1]
 
 
@@ -280,7 +280,6 @@ def test_an_environment_gets_the_image_references_and_every_turn_the_images(tiny
     from rlhf_trainer.run import run
 
     from tests.trainer.conftest import write_toy_job
-    from tests.trainer.test_real_model import AGREEMENT
 
     shutil.copytree(colour_prompts, tmp_path, dirs_exist_ok=True)
     seen = tmp_path / "seen.jsonl"
@@ -296,7 +295,7 @@ def test_an_environment_gets_the_image_references_and_every_turn_the_images(tiny
     assert run(job, output_dir=tmp_path / "run", reporters=[JsonlWriter(metrics_file)]) == 0
     metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["turns"] == 2, metrics
-    assert metrics[0]["logprob_diff"] < AGREEMENT[False], metrics[0]
+    assert metrics[0]["logprob_diff"] < FLOAT32_AGREEMENT, metrics[0]
 
     records = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     references = {record["label"]: [] for record in records}
