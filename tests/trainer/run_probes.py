@@ -37,9 +37,14 @@ def start(job: Path, out: Path, log: Path, **env: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def steps_logged(out: Path) -> list[int]:
+def metrics_logged(out: Path) -> list[dict]:
+    """Every row of the run's metrics.jsonl (all runs of that output directory, in order); none before the first."""
     path = out / "checkpoints" / "logs" / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def steps_logged(out: Path) -> list[int]:
+    return [row["step"] for row in metrics_logged(out)]
 
 
 def finish(run: subprocess.Popen, timeout: float = 300) -> int:

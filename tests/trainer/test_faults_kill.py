@@ -12,7 +12,6 @@ checkpoint saved, with its trained weights, keeping the newest checkpoint.keep.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_trainer import checkpoint
-from run_probes import finish, newest, ray_actor_pids, start, steps_logged
+from run_probes import finish, metrics_logged, newest, ray_actor_pids, start, steps_logged
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -84,7 +83,7 @@ def test_killed_workers_and_an_interrupted_save_cost_at_most_one_interval(toy_jo
     assert finish(run, timeout=600) == 0, log.read_text()[-4000:]
     assert steps_logged(out)[logged_before:] == list(range(resumed_from + 1, STEPS + 1))
     assert newest(checkpoints) == STEPS
-    metrics = [json.loads(line) for line in (checkpoints / "logs" / "metrics.jsonl").read_text().splitlines()]
+    metrics = metrics_logged(out)
     before, resumed = metrics[:logged_before], metrics[logged_before]
     # The next batch after the checkpoint's data position: the first epoch's batches it had consumed.
     assert resumed["epoch"] == pytest.approx((resumed_from + 1) / BATCHES_PER_EPOCH), resumed
