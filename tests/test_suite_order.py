@@ -120,7 +120,9 @@ def test_a_fresh_clone_orders_units_by_the_committed_times(monkeypatch, tmp_path
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path))
     seeded = parallel.last_times()
     assert seeded == parallel.json.loads(parallel.SEED.read_text())
-    assert max(seeded, key=seeded.get) == "e2e/operator/test_multipod.py"  # the pod runtime's group
+    longest_first = sorted(seeded, key=seeded.get, reverse=True)
+    # Which of the two is first changes with each re-seeding (1,428 and 1,035 s in the last).
+    assert set(longest_first[:2]) == {"tests/trainer/test_learning.py", "e2e/operator/test_multipod.py"}
     root = Path(parallel.__file__).parents[1]
     assert [module for module in seeded if not (root / module).is_file()] == []  # none stale
 
