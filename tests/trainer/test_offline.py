@@ -90,24 +90,6 @@ def _response_logps(model_dir: Path, dataset: OfflineDataset, pad: int) -> tuple
     return logps.view(shape).T, batch.action_mask.sum(-1).view(shape).T
 
 
-def test_sft_lowers_the_response_nll(tiny_model, local_ray, tmp_path, capsys):
-    records = _sft_records(64)
-    job = _write_job(tmp_path, tiny_model, "sft", "sft", records, learningRate=5.0e-3, epochs=3, maxSteps=12)
-    metrics = _run(job, tmp_path / "out")
-    assert [m["step"] for m in metrics] == list(range(1, 13))
-    assert {"loss", "learning_rate", "epoch"} <= metrics[0].keys()
-
-    dataset, pad = _dataset(tiny_model, records, ("response",), tmp_path)
-    nll = {}
-    for name, model in {"before": tiny_model, "after": tmp_path / "out" / "checkpoints" / "final"}.items():
-        logps, tokens = _response_logps(model, dataset, pad)
-        nll[name] = (-logps.sum() / tokens.sum()).item()
-    with capsys.disabled():
-        print(f"\nsft: response NLL per token {nll}; training loss {[round(m['loss'], 3) for m in metrics]}")
-    assert nll["after"] < 0.5 * nll["before"], nll
-    assert metrics[-1]["loss"] < metrics[0]["loss"]
-
-
 # algorithm -> training overrides; every one must make chosen beat rejected on its held-in pairs
 PREFERENCE_CASES = {
     "dpo": ({"learningRate": 3.0e-3, "epochs": 6, "maxSteps": 24, "preference": {"beta": 0.5}}, 0.9),
@@ -224,11 +206,14 @@ def _stage(job_file: Path, name: str, **actor) -> dict:
     return job
 
 
-def test_a_pipeline_s_stage_starts_from_the_model_of_the_stage_it_names(tiny_model, local_ray, tmp_path, capsys):
-    """`rlhf run DIR`: the stages run in dependency order whatever the files' order, and the second sft
-    starts from the first one's exported model (models.actor.fromJob): its first loss is about the first
-    stage's last, far below the base model's."""
-    job = _write_job(tmp_path, tiny_model, "sft", "sft", _sft_records(64), learningRate=5.0e-3, epochs=3, maxSteps=12)
+def test_sft_lowers_the_response_nll_and_the_pipeline_s_next_stage_starts_from_its_model(tiny_model, local_ray,
+                                                                                        tmp_path, capsys):
+    """`rlhf run DIR`: the stages run in dependency order whatever the files' order. The first, sft, lowers
+    the records' response NLL (Hugging Face's, of its exported model) below half the base model's; the second
+    sft starts from that model (models.actor.fromJob): its first loss is about the first stage's last, far
+    below the base model's."""
+    records = _sft_records(64)
+    job = _write_job(tmp_path, tiny_model, "sft", "sft", records, learningRate=5.0e-3, epochs=3, maxSteps=12)
     stages = tmp_path / "pipeline"
     stages.mkdir()
     shutil.copy(tmp_path / "data.jsonl", stages)
@@ -246,6 +231,16 @@ def test_a_pipeline_s_stage_starts_from_the_model_of_the_stage_it_names(tiny_mod
         print(f"\npipeline: loss per step {({name: [round(x, 3) for x in values] for name, values in losses.items()})}")
     assert len(losses["base-sft"]) == 12 and len(losses["polish"]) == 2
     assert losses["polish"][0] < 0.5 * losses["base-sft"][0], losses
+    assert losses["base-sft"][-1] < losses["base-sft"][0]
+
+    dataset, pad = _dataset(tiny_model, records, ("response",), tmp_path)
+    nll = {}
+    for name, model in {"before": tiny_model, "after": tmp_path / "out" / "base-sft" / "checkpoints" / "final"}.items():
+        logps, tokens = _response_logps(model, dataset, pad)
+        nll[name] = (-logps.sum() / tokens.sum()).item()
+    with capsys.disabled():
+        print(f"sft: response NLL per token {nll}")
+    assert nll["after"] < 0.5 * nll["before"], nll
 
 
 def test_a_pipeline_that_cannot_run_is_refused_before_anything_loads(tiny_model, tmp_path, capsys):

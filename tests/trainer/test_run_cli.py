@@ -1,20 +1,16 @@
-"""`rlhf run`: exit status 0 / 1 / 2, invalid combinations refused before anything loads, outputs written."""
+"""`rlhf run`: exit status 0 / 1 / 2 and invalid combinations refused before anything loads. What a whole run
+writes (metrics, TensorBoard, checkpoints, the final model) is test_tracking.py's tracked run's."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import ray
-from transformers import AutoModelForCausalLM
 
 from rlhf_api import contract
 from rlhf_cli.cli import main
 from rlhf_trainer.loop import RunLoop
-from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,32 +69,3 @@ def test_failed_run_exits_1_and_says_why_on_its_last_line(toy_job, tmp_path, cap
     assert not ray.is_initialized()
 
 
-def test_run_writes_metrics_tensorboard_checkpoints_and_the_final_model(toy_job, tiny_model, tmp_path):
-    # The hybrid engine's placement, as on GPUs: every model on bundle 0 and a vLLM engine of two
-    # tensor-parallel workers on bundles 0 and 1 (worker 0 takes the actor's weights through handles, worker 1
-    # by broadcast), the engine core in a process of its own.
-    job = toy_job(**{"training.maxSteps": 3, "checkpoint.intervalSteps": 2, "training.colocation": "all",
-                     "rollout.tensorParallelSize": 2})
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=540,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled", ENGINE_PROCESS_ENV: "own"},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "succeeded" in result.stdout
-
-    metrics = [json.loads(line) for line in (out / "checkpoints" / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    for m in metrics:
-        assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= m.keys()
-    # Steps 2 and 3 sampled from the weights synced to both tensor-parallel workers: vLLM and the trainer agree.
-    assert all(m["logprob_diff"] < 1e-3 for m in metrics[1:]), metrics
-    assert list((out / "checkpoints" / "logs" / "tensorboard").glob("events.out.tfevents.*"))
-
-    checkpoints = out / "checkpoints"
-    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000002", "step-00000003"]
-    final = AutoModelForCausalLM.from_pretrained(checkpoints / "final")
-    initial = AutoModelForCausalLM.from_pretrained(tiny_model)
-    assert final.state_dict().keys() == initial.state_dict().keys()
-    assert any((final.state_dict()[k] != v).any() for k, v in initial.state_dict().items()), "the actor trained"

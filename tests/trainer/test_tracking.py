@@ -1,6 +1,6 @@
 """Experiment tracking end to end on the tiny model: a real `rlhf run` reporting to Weights & Biases
 (offline mode) and MLflow (a file store) at once, read back from W&B's run file and MLflow's store
-API; metrics.jsonl and TensorBoard under checkpoint.path/logs; gradient norms (checked against a
+API; metrics.jsonl and TensorBoard under checkpoint.path/logs, the run's checkpoints and final model; gradient norms (checked against a
 hand computation under ZeRO-0, 2 and 3) and phase timings; trackers refused up front when their
 package is missing or their settings are incomplete."""
 
@@ -27,10 +27,12 @@ from rlhf_trainer.reporting import JsonlWriter
 from rlhf_trainer.run import EXIT_INVALID, run
 from rlhf_trainer.tiny import toy_prompts
 from rlhf_trainer.workers.engine import position_ids
+from rlhf_trainer.workers.rollout import ENGINE_PROCESS_ENV
 
 pytestmark = pytest.mark.timeout(600)
 
 ONLINE_PHASES = ("time/generation", "time/rewards", "time/experience", "time/update", "time/weight_sync")
+STEPS = 3  # the tracked run's: checkpoints at 2 and 3, steps 2 and 3 sampled from synced weights
 
 
 # -- reading W&B's offline run file ------------------------------------------------------------------
@@ -80,13 +82,16 @@ def read_wandb_run(logs: Path) -> tuple[dict, dict, dict[int, dict]]:
 
 # -- the online run with both trackers ----------------------------------------------------------------
 
-def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, tmp_path, monkeypatch):
-    """One 2-step tiny GRPO `rlhf run` reporting to W&B (offline) and MLflow (file store); each
-    check_* below reads one of its outputs back."""
+def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, tiny_model, tmp_path, monkeypatch):
+    """One 3-step tiny GRPO `rlhf run` reporting to W&B (offline) and MLflow (file store); each check_* below
+    reads one of its outputs back. The hybrid engine's placement, as on GPUs: every model on bundle 0 and a vLLM
+    engine of two tensor-parallel workers on bundles 0 and 1 (worker 0 takes the actor's weights through handles,
+    worker 1 by broadcast), the engine core in a process of its own. (test_run_cli.py's run checks were this
+    run's before it: one `rlhf run` of the same job for both.)"""
     mlruns = tmp_path / "mlruns"
     job = toy_job(**{
-        "training.maxSteps": 2, "training.colocation": "all", "checkpoint.intervalSteps": 0,
-        "checkpoint.exportHf": False,
+        "training.maxSteps": STEPS, "training.colocation": "all", "rollout.tensorParallelSize": 2,
+        "checkpoint.intervalSteps": 2,
         "tracking": {
             "wandb": {"project": "rlhf-tests", "group": "tiny", "tags": ["cpu", "grpo"], "mode": "offline",
                       "apiKeySecret": {"name": "wandb", "key": "api-key"}},
@@ -94,15 +99,17 @@ def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, tm
         },
     })
     out = tmp_path / "out"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"),
-           "WANDB_SILENT": "true"}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", ENGINE_PROCESS_ENV: "own", "WANDB_MODE": "offline",
+           "WANDB_DIR": str(tmp_path / "wandb-dir"), "WANDB_SILENT": "true"}
     result = subprocess.run([sys.executable, "-m", "rlhf_cli.cli", "run", str(job), "--output-dir", str(out)],
                             capture_output=True, text=True, timeout=540, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "succeeded" in result.stdout
     logs = out / "checkpoints" / "logs"
     rows = {row["step"]: row for row in map(json.loads, (logs / "metrics.jsonl").read_text().splitlines())}
     learning_rate = yaml.safe_load(job.read_text())["spec"]["training"]["learningRate"]
 
+    check_metrics_checkpoints_and_the_final_model(rows, out / "checkpoints", tiny_model)
     check_tensorboard_under_the_checkpoint_path(logs, rows)
     check_grad_norm_and_phases(rows)
     check_wandb_offline_run(logs, rows, learning_rate)
@@ -111,14 +118,27 @@ def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, tm
     check_mlflow_file_store(mlruns, rows, learning_rate, spec)
 
 
+
+def check_metrics_checkpoints_and_the_final_model(rows: dict[int, dict], checkpoints: Path, initial_model: Path) -> None:
+    for row in rows.values():
+        assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= row.keys()
+    # Steps 2 and 3 sampled from the weights synced to both tensor-parallel workers: vLLM and the trainer agree.
+    assert all(rows[step]["logprob_diff"] < 1e-3 for step in range(2, STEPS + 1)), rows
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000002", "step-00000003"]
+    final = AutoModelForCausalLM.from_pretrained(checkpoints / "final").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(initial_model).state_dict()
+    assert final.keys() == initial.keys()
+    assert any((final[k] != v).any() for k, v in initial.items()), "the actor trained"
+
+
 def check_tensorboard_under_the_checkpoint_path(logs: Path, rows: dict[int, dict]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    assert sorted(rows) == [1, 2]
+    assert sorted(rows) == list(range(1, STEPS + 1))
     events = EventAccumulator(str(logs / "tensorboard"))
     events.Reload()
     assert {"reward_mean", "actor/grad_norm", "time/step", *ONLINE_PHASES} <= set(events.Tags()["scalars"])
-    assert [e.step for e in events.Scalars("actor/grad_norm")] == [1, 2]
+    assert [e.step for e in events.Scalars("actor/grad_norm")] == sorted(rows)
 
 
 def check_grad_norm_and_phases(rows: dict[int, dict]) -> None:
@@ -136,8 +156,8 @@ def check_wandb_offline_run(logs: Path, rows: dict[int, dict], learning_rate: fl
     assert config["algorithm"] == "grpo"
     assert config["training"]["learningRate"] == learning_rate
     assert config["tracking"]["wandb"]["apiKeySecret"] == {"name": "wandb", "key": "api-key"}  # the reference only
-    assert config["total_steps"] == 2
-    assert sorted(history) == [1, 2]
+    assert config["total_steps"] == STEPS
+    assert sorted(history) == sorted(rows)
     for step, items in history.items():
         for key in ("reward_mean", "actor/grad_norm", "time/generation"):
             assert items[key] == pytest.approx(rows[step][key]), key
@@ -157,13 +177,13 @@ def check_mlflow_file_store(mlruns: Path, rows: dict[int, dict], learning_rate: 
     assert run.info.run_name == "tiny-grpo-cpu" and run.info.status == "FINISHED"
     assert run.data.tags["rlhf.dev/job"] == "tiny-grpo-cpu"
     params = run.data.params
-    assert params["algorithm"] == "grpo" and params["total_steps"] == "2"
+    assert params["algorithm"] == "grpo" and params["total_steps"] == str(STEPS)
     assert float(params["training.learningRate"]) == learning_rate
     assert params["tracking.mlflow.experiment"] == "tiny-grpo"
     assert set(params) == dotted_leaves(spec) | {"total_steps"}  # the whole spec, in more than one batch of 100
     for key in ("reward_mean", "actor/grad_norm", "time/weight_sync"):
         history = client.get_metric_history(run.info.run_id, key)
-        assert [(m.step, m.value) for m in history] == [(s, pytest.approx(rows[s][key])) for s in (1, 2)], key
+        assert [(m.step, m.value) for m in history] == [(s, pytest.approx(rows[s][key])) for s in sorted(rows)], key
 
 
 def test_ppo_reports_actor_and_critic_gradient_norms_under_zero3(toy_job, local_ray, tmp_path):
