@@ -1,8 +1,8 @@
 """Experiment tracking end to end on the tiny model: a real `rlhf run` reporting to Weights & Biases
 (offline mode) and MLflow (a file store) at once, read back from W&B's run file and MLflow's store
-API; metrics.jsonl and TensorBoard under checkpoint.path/logs, the run's checkpoints and final model; gradient norms (checked against a
-hand computation under ZeRO-0, 2 and 3) and phase timings; trackers refused up front when their
-package is missing or their settings are incomplete."""
+API; metrics.jsonl and TensorBoard under checkpoint.path/logs, the run's checkpoints and final model;
+gradient norms (checked against a hand computation under ZeRO-0, 2 and 3) and phase timings; trackers
+refused up front when their package is missing or their settings are incomplete."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, ti
 
 
 
-def check_metrics_checkpoints_and_the_final_model(rows: dict[int, dict], checkpoints: Path, initial_model: Path) -> None:
+def check_metrics_checkpoints_and_the_final_model(rows: dict[int, dict], checkpoints: Path,
+                                                  initial_model: Path) -> None:
     for row in rows.values():
         assert {"reward_mean", "kl", "policy_loss", "entropy", "tokens_per_second", "learning_rate"} <= row.keys()
     # Steps 2 and 3 sampled from the weights synced to both tensor-parallel workers: vLLM and the trainer agree.
