@@ -118,7 +118,6 @@ def test_a_tracked_run_reports_to_wandb_mlflow_jsonl_and_tensorboard(toy_job, ti
     check_mlflow_file_store(mlruns, rows, learning_rate, spec)
 
 
-
 def check_metrics_checkpoints_and_the_final_model(rows: dict[int, dict], checkpoints: Path,
                                                   initial_model: Path) -> None:
     for row in rows.values():
