@@ -44,6 +44,7 @@ from xdist.scheduler import LoadScopeScheduling  # pytest-xdist: a dev dependenc
 
 from e2e.controlplane import cache_dir
 from e2e.fixtures import builds_current, needs_build, needs_images
+from rlhf_api.startup import collector_paused
 
 # Fixture -> the xdist group of every test that uses it.
 SHARED_FIXTURES = {"pod_runtime": "pod-runtime", "dev_cluster": "pod-runtime", "smollm2": "smollm2"}
@@ -89,6 +90,15 @@ def last_times() -> dict[str, float]:
         except (OSError, ValueError):
             pass
     return times
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """A worker's collection imports the stack (torch, transformers, vLLM ...) and builds every test item, all of
+    which live as long as the worker: collected without the collector, then frozen (rlhf_api.startup), so that
+    the worker's full collections during the tests skip them."""
+    with collector_paused(freeze=True):
+        return (yield)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

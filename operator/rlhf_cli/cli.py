@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from rlhf_api.startup import collector_paused
 from rlhf_operator.leader import Elector, Timing
 
 from . import cluster, dashboard, jobs, view
@@ -27,9 +28,11 @@ DISTRIBUTION = "rlhf-operator"
 
 @contextmanager
 def extra(name: str, command: str):
-    """Imports of a half's stack, for `rlhf COMMAND`: when one is missing, what to install instead of a traceback."""
+    """Imports of a half's stack, for `rlhf COMMAND`, with the collector held off (rlhf_api.startup): when one is
+    missing, what to install instead of a traceback."""
     try:
-        yield
+        with collector_paused():
+            yield
     except ModuleNotFoundError as missing:
         raise SystemExit(f"`rlhf {command}` needs the {name} ({missing}): "
                          f"pip install '{DISTRIBUTION}[{name}]'") from None

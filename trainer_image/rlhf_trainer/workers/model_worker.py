@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from rlhf_api.startup import collector_paused
 from rlhf_api.v1alpha1 import StepReward
 
 from ..experience import Experience
@@ -39,15 +40,20 @@ from .packing import longest_first
 from .threads import share_the_cores
 
 
+def _an_actor_s_own_process() -> bool:
+    """Whether this process is a Ray actor's own, not one that runs a rank in-process (a test, the GPU check). Ray
+    is looked up, not imported: a process without it (the GPU check) runs no actor and stays without it."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 class ModelWorker:
     def __init__(self, rank: int, world_size: int):
         # DeepSpeed's autotuner imports MLflow wherever it is installed (the image's tracking extra): 1.5 of the
         # ~5 CPU-seconds of each rank's DeepSpeed import, for a tool no rank uses (the trackers report from the
         # driver). None in sys.modules makes that import fail as if MLflow were absent: only in an actor's own
-        # process, not in one that runs a rank in-process (a test, the GPU check) and may use MLflow later. Ray is
-        # looked up, not imported: a process without it (the GPU check) runs no actor and stays without it.
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id():
+        # process, not in one that runs a rank in-process (a test, the GPU check) and may use MLflow later.
+        if _an_actor_s_own_process():
             sys.modules.setdefault("mlflow", None)
         self.rank, self.world_size = rank, world_size
         self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
@@ -67,7 +73,8 @@ class ModelWorker:
         init_distributed(self.rank, self.world_size, store, use_gpu=cfg.use_gpu)
         if not cfg.use_gpu:
             share_the_cores(self.world_size)  # the group's ranks work at once; the other groups wait their turn
-        self.model = load_model(cfg, self.rank, self.world_size)
+        with collector_paused(freeze=_an_actor_s_own_process()):  # DeepSpeed's and transformers' imports, the load
+            self.model = load_model(cfg, self.rank, self.world_size)
 
     # -- forward passes --------------------------------------------------------------------------
 

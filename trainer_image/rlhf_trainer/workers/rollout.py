@@ -24,6 +24,7 @@ from itertools import count
 import ray
 import torch
 
+from rlhf_api.startup import collector_paused
 from rlhf_api.v1alpha1 import RolloutSpec
 
 from ..node_checks import check_gpu
@@ -138,8 +139,10 @@ class RolloutEngine:
         split over the engines); the KV cache on CPU holds that many (kv_cache_bytes).
         memory_utilization: the share of each GPU it may take (RLHFJobSpec.engine_memory_utilization);
         None leaves vLLM's default."""
-        from transformers import AutoConfig
-        from vllm import LLM, envs
+        # vLLM freezes what its start leaves (gc.freeze) itself; its TP workers are forked after the imports.
+        with collector_paused():
+            from transformers import AutoConfig
+            from vllm import LLM, envs
 
         if use_gpu:  # the engines start before any model rank: the first to meet an unusable node
             check_gpu()
