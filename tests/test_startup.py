@@ -27,7 +27,6 @@ gc.enable() if {enabled} else gc.disable()
 with collector_paused(freeze={freeze}):
     assert not gc.isenabled()
     garbage = weakref.ref(cycle())  # unreachable at once: only the cyclic collector frees it
-    kept = cycle()
     for _ in range(100_000):  # allocations that would set off a collection (700 by default)
         cycle()
     assert garbage() is not None and collections == [], collections
