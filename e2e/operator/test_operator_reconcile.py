@@ -90,6 +90,12 @@ def test_an_older_ray_job_copy_does_not_undo_a_newer_mirror(kube, namespace, ope
     reconcile.mirror(kopf.Body(job), indexed, 1)
     assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
 
+    # Nor when the job's copy is newer than that write (an edit, then its reconcile, or the resync, with
+    # the index's RayJob): in CI a queued job went back from Queued to Suspending after an annotation.
+    touched = kube.patch(api.KIND, namespace, "tiny", {"metadata": {"annotations": {"e2e.rlhf.dev/touch": "1"}}})
+    reconcile.reconcile(kopf.Body(touched), Indexed(indexed))
+    assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
+
 
 class Indexed(reconcile.Reads):
     """The operator's watch as it may lag: the RayJob as this copy has it, the rest from the API server."""

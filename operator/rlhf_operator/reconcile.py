@@ -178,13 +178,15 @@ def ensure(child: dict[str, Any], owner_uid: str) -> dict[str, Any]:
 
 
 def record(body: Any, observation: status.Observation, generation: int | None,
-           observe_again: Callable[[Any], status.Observation] | None = None) -> None:
+           observe_again: Callable[[Any], status.Observation] | None = None, confirm: bool = False) -> None:
     """Write the status fields the operator owns, then post an Event if the phase or reason moved.
 
     The write is a merge patch of our fields only (the trainer's progress and metrics stay), made
     conditional on the resourceVersion it was computed from; on a conflict, or when the job as we last
     wrote it is newer than `body`, it is recomputed, from observe_again(that job) if given (what was
-    observed may be as old as the job was).
+    observed may be as old as the job was). confirm: what was observed may be older than the status
+    `body` carries (a watched copy, while `body` is fresh), so a change is observed again before it is
+    written.
     """
     client = kube.client()
     meta = body["metadata"]
@@ -205,6 +207,10 @@ def record(body: Any, observation: status.Observation, generation: int | None,
             continue
         if not patch:
             return
+        if confirm and observe_again is not None:
+            confirm = False
+            observation = observe_again(body)
+            continue
         try:
             body = client.patch(api.KIND, meta["namespace"], meta["name"], {
                 "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
@@ -256,19 +262,22 @@ def wait(body: Any, reason: str, message: str, retry_seconds: float) -> None:
 
 
 def mirror(body: Any, ray_job: dict[str, Any], generation: int | None, reads: Reads = API,
-           job_inputs: list[dict[str, Any]] | None = None, runtime: dict[str, Any] | None = None) -> None:
+           job_inputs: list[dict[str, Any]] | None = None, runtime: dict[str, Any] | None = None,
+           watched: bool = False) -> None:
     """Status from the RayJob, and while it waits, from what it waits for: Kueue's admission (queued)
     or its pods (starting). generation: the spec generation the RayJob was brought in line with.
     On a conflict the RayJob is read again too: a newer status may have been written from a newer copy.
     Its pods' problems still come from `reads`: a pod watch is as fresh as a list of every pod.
     job_inputs: status.inputs as the RayJob was made from them (None: as they are); runtime: status.runtime
-    likewise (runtimes.py)."""
+    likewise (runtimes.py). watched: ray_job is the watch's copy, which may lag the job's status (written from
+    a newer RayJob event): a change it asks for is confirmed with a fresh read first."""
     namespace, name = ray_job["metadata"]["namespace"], ray_job["metadata"]["name"]
 
     def observe(job: Any, ray_job: dict[str, Any]) -> status.Observation:
         return replace(_observation(job, ray_job, reads), inputs=job_inputs, runtime=runtime)
 
-    record(body, observe(body, ray_job), generation, lambda job: observe(job, API.ray_job(namespace, name) or ray_job))
+    record(body, observe(body, ray_job), generation, lambda job: observe(job, API.ray_job(namespace, name) or ray_job),
+           confirm=watched)
 
 
 def _observation(body: Any, ray_job: dict[str, Any], reads: Reads) -> status.Observation:
@@ -363,6 +372,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
     client = kube.client()
     namespace = meta["namespace"]
     ray_job = reads.ray_job(namespace, names.ray_job(meta["name"]))
+    watched = ray_job if reads is not API else None  # the watch's copy: mirror confirms a change it asks for
     if ray_job is not None and meta.get("generation") != (body.get("status") or {}).get("observedGeneration"):
         # A spec change not yet carried over: compared with the RayJob as it is. A watched copy may
         # predate this operator's own last patch of it and already read what the change asks for.
@@ -381,7 +391,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         if _warned_invalid.first((meta["uid"], meta.get("generation"))):
             kopf.warn(body, reason="SpecNoLongerValid", message=f"this operator version would refuse the spec "
                       f"({problems}); the running job continues: fix the spec before you create the next one")
-        mirror(body, ray_job, None, reads)
+        mirror(body, ray_job, None, reads, watched=ray_job is watched)
         return
     if ray_job is None and (ended := _reported_end(body)) is not None:
         record(body, status.Observation(ended[0], "RayJobGone", ended[1]), meta.get("generation"))
@@ -423,7 +433,7 @@ def reconcile(body: Any, reads: Reads = API) -> None:
         ray_job = client.patch("RayJob", namespace, ray_job["metadata"]["name"], patch)
     if job.spec.queue_name:
         _align_workload(client, job.spec, ray_job)
-    mirror(body, ray_job, meta.get("generation"), reads, job_inputs, runtime)
+    mirror(body, ray_job, meta.get("generation"), reads, job_inputs, runtime, watched=ray_job is watched)
 
 
 def _align_workload(client: kube.Kube, spec: api.RLHFJobSpec, ray_job: dict[str, Any]) -> None:
@@ -473,7 +483,7 @@ def on_stuck_pod(pod: Any, reads: Reads = API) -> None:
         return
     ray_job = reads.ray_job(namespace, names.ray_job(body["metadata"]["name"]))
     if ray_job is not None:
-        mirror(body, ray_job, None, reads)
+        mirror(body, ray_job, None, reads, watched=reads is not API)
 
 
 def on_ray_job_event(event_type: str | None, ray_job: Any, reads: Reads = API) -> None:
