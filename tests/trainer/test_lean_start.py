@@ -1,7 +1,7 @@
 """What keeps a run lean: the vLLM KV cache sized from the job (kv_cache_bytes) and holding a whole
 rollout, a local Ray node without the processes a run does not use (run._start_local_ray), and the
 actor's and reference's log-prob passes run at once with the results of running them one by one, in
-ranks whose DeepSpeed import left MLflow out."""
+ranks whose DeepSpeed import left MLflow out, and the engine's imports frozen in its actor's process only."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer, Qwen2Config
 from rlhf_api.planning.placement import Placement
 from rlhf_api.v1alpha1 import ModelSpec, RolloutSpec, TrainingSpec
 from rlhf_trainer.trainer import Trainer
+from rlhf_trainer.workers import an_actor_s_own_process
 from rlhf_trainer.workers.engine import ModelConfig
 from rlhf_trainer.workers.group import ModelGroup, create_placement_group, create_rollout_engines
 from rlhf_trainer.workers.rollout import CPU_BLOCK_SIZE, MAX_NUM_SEQS, kv_cache_bytes
@@ -49,6 +50,10 @@ def test_engine_cache_holds_the_rollout_of_the_tiny_job(tiny_model, local_ray):
     try:
         cache = ray.get(engine.__ray_call__.remote(lambda self: self.llm.llm_engine.vllm_config.cache_config))
         assert (cache.block_size, cache.num_gpu_blocks) == (CPU_BLOCK_SIZE, 16 * 8 + 1)
+        # The engine froze its imports before vLLM's start collected garbage (rollout.py): in its actor's own
+        # process, not in this one, which runs engines and ranks in-process in other tests.
+        assert ray.get(engine.__ray_call__.remote(lambda self: an_actor_s_own_process())) is True
+        assert an_actor_s_own_process() is False
         tokenizer = AutoTokenizer.from_pretrained(tiny_model)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Ada: Say c."}], add_generation_prompt=True,
                                                tokenize=True, return_dict=True)["input_ids"]

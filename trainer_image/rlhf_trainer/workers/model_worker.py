@@ -31,7 +31,7 @@ from rlhf_api.v1alpha1 import StepReward
 from ..experience import Experience
 from ..offline_data import OfflineBatch
 from ..rewards.process import read_texts, score_reads
-from . import weights
+from . import an_actor_s_own_process, weights
 from .distributed import COLLECTIVE_TIMEOUT, init_distributed, join_store, node_address, open_store
 from .engine import ModelConfig, load_model
 from .host_memory import release_after_pass
@@ -40,20 +40,13 @@ from .packing import longest_first
 from .threads import share_the_cores
 
 
-def _an_actor_s_own_process() -> bool:
-    """Whether this process is a Ray actor's own, not one that runs a rank in-process (a test, the GPU check). Ray
-    is looked up, not imported: a process without it (the GPU check) runs no actor and stays without it."""
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-
-
 class ModelWorker:
     def __init__(self, rank: int, world_size: int):
         # DeepSpeed's autotuner imports MLflow wherever it is installed (the image's tracking extra): 1.5 of the
         # ~5 CPU-seconds of each rank's DeepSpeed import, for a tool no rank uses (the trackers report from the
         # driver). None in sys.modules makes that import fail as if MLflow were absent: only in an actor's own
         # process, not in one that runs a rank in-process (a test, the GPU check) and may use MLflow later.
-        if _an_actor_s_own_process():
+        if an_actor_s_own_process():
             sys.modules.setdefault("mlflow", None)
         self.rank, self.world_size = rank, world_size
         self.store = None  # rank 0: the group's rendezvous, served from open_rendezvous on
@@ -73,7 +66,7 @@ class ModelWorker:
         init_distributed(self.rank, self.world_size, store, use_gpu=cfg.use_gpu)
         if not cfg.use_gpu:
             share_the_cores(self.world_size)  # the group's ranks work at once; the other groups wait their turn
-        with collector_paused(freeze=_an_actor_s_own_process()):  # DeepSpeed's and transformers' imports, the load
+        with collector_paused(freeze=an_actor_s_own_process()):  # DeepSpeed's and transformers' imports, the load
             self.model = load_model(cfg, self.rank, self.world_size)
 
     # -- forward passes --------------------------------------------------------------------------

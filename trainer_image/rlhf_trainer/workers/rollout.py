@@ -28,7 +28,7 @@ from rlhf_api.startup import collector_paused
 from rlhf_api.v1alpha1 import RolloutSpec
 
 from ..node_checks import check_gpu
-from . import threads
+from . import an_actor_s_own_process, threads
 from ..images import load as load_image
 from .host_memory import release_free_memory
 from .vision import NEVER_SAMPLED_BIAS, never_sampled
@@ -139,8 +139,10 @@ class RolloutEngine:
         split over the engines); the KV cache on CPU holds that many (kv_cache_bytes).
         memory_utilization: the share of each GPU it may take (RLHFJobSpec.engine_memory_utilization);
         None leaves vLLM's default."""
-        # vLLM freezes what its start leaves (gc.freeze) itself; its TP workers are forked after the imports.
-        with collector_paused():
+        # Frozen in an actor's own process: vLLM's start collects garbage five times (gc.collect), each over every
+        # object the imports made (0.5 CPU-seconds a time on the tiny model's engine). vLLM freezes what its
+        # start leaves itself; its TP workers are forked after the imports.
+        with collector_paused(freeze=an_actor_s_own_process()):
             from transformers import AutoConfig
             from vllm import LLM, envs
 
