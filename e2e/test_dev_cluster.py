@@ -221,5 +221,11 @@ def check_dashboard(cp: ControlPlane, job: str, head: str) -> None:
             assert json.load(response)["ray_version"] == RAY_VERSION
     finally:
         dashboard.send_signal(signal.SIGINT)
-        out, err = dashboard.communicate(timeout=30)
+        try:
+            out, err = dashboard.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # where it waits, for the report (py-spy: Ray's, in the venv)
+            stacks = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(dashboard.pid)],
+                                    capture_output=True, text=True)
+            dashboard.kill()
+            raise AssertionError(f"rlhf dashboard went on after Ctrl-C; its threads:\n{stacks.stdout}{stacks.stderr}")
     assert dashboard.returncode == 0, err

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import select
+import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -85,11 +86,31 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             print(f"It asks for the Ray cluster's token: kubectl -n {namespace} get secret {secret[0]} "
                   f"-o jsonpath='{{.data.{secret[1]}}}' | base64 -d", flush=True)
         try:
-            while True:
-                local, _ = server.accept()
-                threading.Thread(target=_forward, args=(local, tunnel, port), daemon=True).start()
+            accept_until_interrupted(server, lambda local: _forward(local, tunnel, port))
         except KeyboardInterrupt:
             return 0
+
+
+def accept_until_interrupted(server: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+    """Each connection to `server` handed to `handle` on a thread of its own, until Ctrl-C (KeyboardInterrupt).
+
+    The wait is a select on the server and on Python's signal wakeup fd, not a blocking accept: the kernel may
+    hand the SIGINT to a forwarding thread, and Python runs its handler only in the main thread, which a blocking
+    accept keeps in the kernel until the next connection. The C handler writes to the wakeup fd from any thread."""
+    wake_read, wake_write = socket.socketpair()
+    wake_write.setblocking(False)
+    previous = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+    try:
+        with wake_read, wake_write:
+            while True:
+                readable, _, _ = select.select([server, wake_read], [], [])
+                if wake_read in readable:
+                    wake_read.recv(CHUNK)  # the signal's number; its handler runs in this thread next
+                if server in readable:
+                    local, _ = server.accept()
+                    threading.Thread(target=handle, args=(local,), daemon=True).start()
+    finally:
+        signal.set_wakeup_fd(previous)
 
 
 def _refusal(reason: str) -> str:
