@@ -94,12 +94,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def accept_until_interrupted(server: socket.socket, handle: Callable[[socket.socket], None]) -> None:
     """Each connection to `server` handed to `handle` on a thread of its own, until Ctrl-C (KeyboardInterrupt).
 
-    The wait is a select on the server and on Python's signal wakeup fd, not a blocking accept: the kernel may
-    hand the SIGINT to a forwarding thread, and Python runs its handler only in the main thread, which a blocking
-    accept keeps in the kernel until the next connection. The C handler writes to the wakeup fd from any thread."""
+    SIGINT raises KeyboardInterrupt here even when the process started with it ignored, as a script's background
+    job does (Python then leaves it ignored), as kubectl port-forward stops on it. The wait is a select on the
+    server and on Python's signal wakeup fd, not a blocking accept: the kernel may hand the SIGINT to a forwarding
+    thread, and Python runs its handler only in the main thread, which a blocking accept keeps in the kernel until
+    the next connection. The C handler writes to the wakeup fd from any thread."""
     wake_read, wake_write = socket.socketpair()
     wake_write.setblocking(False)
     previous = signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+    previous_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with wake_read, wake_write:
             while True:
@@ -110,6 +113,7 @@ def accept_until_interrupted(server: socket.socket, handle: Callable[[socket.soc
                     local, _ = server.accept()
                     threading.Thread(target=handle, args=(local,), daemon=True).start()
     finally:
+        signal.signal(signal.SIGINT, previous_handler)
         signal.set_wakeup_fd(previous)
 
 
