@@ -14,6 +14,10 @@ from .process import Launcher, Process
 CLUSTER_NAME = "rlhf-e2e"
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# A bound on /readyz after a start or a restart, not an expectation (a few seconds on a quiet machine): a restart
+# during a cold suite's peak (the control plane's own Go build beside the tests, load 18 on 2 cores) took over
+# 120 s, etcd's client retrying all along.
+READY_TIMEOUT = 300
 # The service accounts of this namespace are audited (request metadata in <state>/audit.log), so
 # that a test can compare what a component really does with the RBAC rules it is granted.
 AUDITED_NAMESPACE = "rlhf-audit"
@@ -74,7 +78,7 @@ def start(launch: Launcher, binary: Path, state_dir: Path, pki: Path, port: int,
         "--v=1",
         *extra_flags,
     ])
-    launch.wait(api.ready, 120, "kube-apiserver /readyz")
+    launch.wait(api.ready, READY_TIMEOUT, "kube-apiserver /readyz")
     write_kubeconfig(kubeconfig, api)
     return proc
 

@@ -259,7 +259,7 @@ class ControlPlane:
         """Start a stopped etcd or kube-apiserver again on the same ports and data dir; return
         once the API server answers /readyz (which needs etcd too) and admits the CRDs' kinds again."""
         {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}[name]()
-        self.launcher.wait(self.api.ready, 120, "kube-apiserver /readyz")
+        self.launcher.wait(self.api.ready, apiserver.READY_TIMEOUT, "kube-apiserver /readyz")
         crds.wait_admission_ready(self.launcher, self.api, self.crd_names)
         if "kube-controller-manager" in self.processes:
             components.wait_controllers_watching(self.launcher, self.api)

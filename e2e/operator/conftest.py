@@ -124,9 +124,15 @@ def operator(control_plane: ControlPlane, namespace: str, kube: Kube, tmp_path: 
     try:
         yield process
     finally:
-        _delete_jobs(kube, namespace, process)
-        process.stop()
-        print(process.logs(), file=sys.stderr)  # pytest shows it when the test failed
+        stop_operator(kube, namespace, process)
+
+
+def stop_operator(kube: Kube, namespace: str, process: OperatorProcess) -> None:
+    """The end of a test's operator: its jobs deleted, the process stopped, its logs printed (pytest shows them
+    when the test failed)."""
+    _delete_jobs(kube, namespace, process)
+    process.stop()
+    print(process.logs(), file=sys.stderr)
 
 
 def _delete_jobs(kube: Kube, namespace: str, process: OperatorProcess) -> None:

@@ -26,7 +26,10 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 GPUS_PER_JOB = 8
 NOWHERE = {"e2e.rlhf.dev/no-such-node": "true"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-TIMEOUT = 120  # KubeRay, Kueue, kwok and the operator share two busy cores
+# A bound: KubeRay, Kueue, kwok and the operator share two busy cores. A first admission at the suite's start,
+# four control planes starting beside it, once did not come within 120 s (wait_admitted now says what Kueue had
+# made of the job when it times out).
+TIMEOUT = 180
 
 
 def gpu_job(name: str, queue: str) -> dict[str, Any]:
@@ -58,9 +61,29 @@ def clusters_of(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     return [c for c in found if any(o["uid"] == uid for o in c["metadata"].get("ownerReferences", []))]
 
 
+def kueue_view(kube: Kube, namespace: str, name: str) -> str:
+    """What Kueue made of the job `name`: its RayJob's suspend flag and queue, its Workload's conditions, and
+    the conditions of the queues it names (for a test's failure message)."""
+    found = kube.get("RayJob", namespace, name)
+    if found is None:
+        return "no RayJob"
+    queue = found["metadata"].get("labels", {}).get(QUEUE_LABEL)
+    lines = [f"RayJob suspend={found['spec'].get('suspend')} queue={queue}"]
+    made = kueue.workload(kube, found)
+    lines.append(f"Workload: {(made or {}).get('status', {}).get('conditions') if made else 'none'}")
+    local = kube._request("GET", f"/apis/{kueue.GROUP}/v1beta2/namespaces/{namespace}/localqueues/{queue}")
+    cluster = kube._request("GET", f"/apis/{kueue.GROUP}/v1beta2/clusterqueues/{local['spec']['clusterQueue']}")
+    for kind, obj in (("LocalQueue", local), ("ClusterQueue", cluster)):
+        lines.append(f"{kind}: {obj.get('status', {}).get('conditions')}")
+    return "\n".join(lines)
+
+
 def wait_admitted(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     """Kueue unsuspended the RayJob and KubeRay made its cluster; returns that cluster."""
-    wait_for(lambda: suspended(kube, namespace, name) is False, TIMEOUT, f"Kueue to admit {name}")
+    try:
+        wait_for(lambda: suspended(kube, namespace, name) is False, TIMEOUT, f"Kueue to admit {name}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{kueue_view(kube, namespace, name)}") from None
     return wait_for(lambda: clusters_of(kube, namespace, name), TIMEOUT,
                     f"KubeRay to create the RayCluster of {name}")[0]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 from e2e.fixtures import wait_for
 from e2e.operator.conftest import OperatorProcess
@@ -46,6 +47,20 @@ def election(namespace: str, lease_duration: str = "15") -> list[str]:
 
 def leads(operator: OperatorProcess) -> bool:
     return "rlhf_operator_leader 1.0" in operator.metrics()
+
+
+def take_over(kube: Kube, namespace: str, holder: str) -> bool:
+    """One conditional write of the Lease naming `holder`, at the version just read; False when a renewal
+    came first (409)."""
+    current = kube.get("Lease", namespace, LEASE)
+    try:
+        kube.patch("Lease", namespace, LEASE, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                               "spec": {"holderIdentity": holder, "leaseDurationSeconds": 60}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        return False
+    return True
 
 
 def handler_runs(operator: OperatorProcess) -> int:
@@ -103,10 +118,9 @@ def test_standby_takes_over_when_the_leader_dies_mid_lifecycle(kube, namespace, 
 def test_a_leader_whose_lease_is_taken_stops_reconciling(kube, namespace, operator, kuberay_paused):
     operator.start(*election(namespace))
     wait_for(lambda: leads(operator), 30, "the replica to lead")
-    current = kube.get("Lease", namespace, LEASE)
-    # Another candidate that believes the Lease expired wins the conditional write.
-    kube.patch("Lease", namespace, LEASE, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                                           "spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 60}})
+    # Another candidate that believes the Lease expired wins the conditional write (reading it again, as a
+    # candidate does, when a renewal came between its read and its write).
+    wait_for(lambda: take_over(kube, namespace, "intruder"), 30, "the intruder's write of the Lease")
     assert operator.wait_exit(30) == LOST_LEASE_EXIT_CODE
     create_job(kube, namespace, rlhf_job("after-loss"))
     assert "lost Lease" in operator.log.read_text()

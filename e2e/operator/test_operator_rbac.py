@@ -18,7 +18,7 @@ import yaml
 
 from e2e.controlplane import apiserver
 from e2e.fixtures import wait_for
-from e2e.operator.conftest import OperatorProcess, _delete_jobs
+from e2e.operator.conftest import OperatorProcess, stop_operator
 from e2e.operator.jobs import create_job, rlhf_job, wait_gone, wait_phase
 from e2e.operator.test_kueue import GPUS_PER_JOB, H100, TIMEOUT, gpu_job, wait_admitted, workload
 from e2e.test_helm_chart import CHART, helm, values_file  # noqa: F401  (helm is a fixture)
@@ -141,8 +141,7 @@ def test_the_chart_grants_exactly_what_a_lifecycle_uses(helm, control_plane, kub
                        "--leader-elect-resource-name", release)
         lifecycle(kube, namespace, kueue_queues({H100: GPUS_PER_JOB}))
     finally:
-        _delete_jobs(kube, namespace, operator)
-        operator.stop()
+        stop_operator(kube, namespace, operator)
         if runtime := kube.get("ClusterRLHFRuntime", "", namespace):
             kube.delete("ClusterRLHFRuntime", "", namespace, runtime["metadata"]["uid"])
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import collections
 import re
-import sys
 from typing import Any
 
 import kopf
 
 from e2e.fixtures import wait_for
-from e2e.operator.conftest import OperatorProcess, _delete_jobs
+from e2e.operator.conftest import OperatorProcess, stop_operator
 from e2e.operator.inprocess import use_client
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_phase
 from e2e.operator.kuberay import RayJobStatus
@@ -112,9 +111,7 @@ def test_a_job_and_a_ray_job_event_cost_no_reads(helm, control_plane, kube, name
         wait_phase(kube, namespace, "tiny", "Provisioning")
         requests = settled_requests(control_plane, release, started, namespace, operator)  # not the deletion below
     finally:
-        _delete_jobs(kube, namespace, operator)
-        operator.stop()
-        print(operator.logs(), file=sys.stderr)  # pytest shows it when the test failed
+        stop_operator(kube, namespace, operator)
 
     count = collections.Counter((resource, verb) for _, resource, verb in map(request_key, requests))
     sequence = [(e["verb"], request_key(e)[1], e["responseStatus"]["code"]) for e in requests]  # what failed shows

@@ -27,7 +27,7 @@ from e2e.controlplane import ControlPlane
 from e2e.controlplane.binaries import built
 from e2e.controlplane.crds import wait_established
 from e2e.fixtures import wait_for
-from e2e.operator.conftest import OperatorProcess, _delete_jobs
+from e2e.operator.conftest import OperatorProcess, stop_operator
 from e2e.operator.jobs import create_job, get_job, rlhf_job, wait_phase
 from e2e.operator.kuberay import RayJobStatus
 from rlhf_api import contract
@@ -99,8 +99,7 @@ def kube(older_cluster: ControlPlane, tmp_path_factory) -> Iterator[Kube]:
     try:
         yield kube
     finally:
-        _delete_jobs(kube, NAMESPACE, process)
-        process.stop()
+        stop_operator(kube, NAMESPACE, process)
         kube.api_client.close()
 
 
