@@ -68,11 +68,14 @@ def kueue_view(kube: Kube, namespace: str, name: str) -> str:
     if found is None:
         return "no RayJob"
     queue = found["metadata"].get("labels", {}).get(QUEUE_LABEL)
-    lines = [f"RayJob suspend={found['spec'].get('suspend')} queue={queue}"]
     made = kueue.workload(kube, found)
-    lines.append(f"Workload: {(made or {}).get('status', {}).get('conditions') if made else 'none'}")
-    local = kube._request("GET", f"/apis/{kueue.GROUP}/v1beta2/namespaces/{namespace}/localqueues/{queue}")
-    cluster = kube._request("GET", f"/apis/{kueue.GROUP}/v1beta2/clusterqueues/{local['spec']['clusterQueue']}")
+    lines = [f"RayJob suspend={found['spec'].get('suspend')} queue={queue}",
+             f"Workload: {made.get('status', {}).get('conditions') if made else 'none'}"]
+    if queue is None:
+        return "\n".join(lines)
+    api = f"/apis/{kueue.GROUP}/{kueue.served_version(kube)}"
+    local = kube._request("GET", f"{api}/namespaces/{namespace}/localqueues/{queue}")
+    cluster = kube._request("GET", f"{api}/clusterqueues/{local['spec']['clusterQueue']}")
     for kind, obj in (("LocalQueue", local), ("ClusterQueue", cluster)):
         lines.append(f"{kind}: {obj.get('status', {}).get('conditions')}")
     return "\n".join(lines)
