@@ -197,10 +197,11 @@ def record(body: Any, observation: status.Observation, generation: int | None,
         desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
         patch = status.changes(current, desired)
         ours = _written.get(meta["uid"])
-        if not patch and ours is not None and ours["metadata"]["resourceVersion"] != meta["resourceVersion"]:
-            # Read our own writes: compare with the job as we last wrote it (if that is stale in turn,
-            # the conditional write below conflicts and the job is read afresh). That write may have
-            # come from a newer RayJob than this observation did (another handler's): observe again.
+        if not patch and ours is not None and status.owned(ours.get("status") or {}) != status.owned(current):
+            # Read our own writes: this copy predates our last write (a copy newer than it, say kopf's
+            # annotations, carries our status), so compare with the job as we last wrote it (if that is
+            # stale in turn, the conditional write below conflicts and the job is read afresh). That write
+            # may have come from a newer RayJob than this observation did (another handler's): observe again.
             body, meta = ours, ours["metadata"]
             if observe_again is not None:
                 observation = observe_again(body)
