@@ -118,7 +118,7 @@ def test_a_job_and_a_ray_job_event_cost_no_reads(helm, control_plane, kube, name
     operator = OperatorProcess(control_plane, None, tmp_path,  # all namespaces, as the chart's ClusterRole allows
                                kubeconfig=token_kubeconfig(control_plane, release, tmp_path / "kubeconfig"))
     try:
-        operator.start()
+        operator.start("--resync-seconds", "3600")  # the events' requests, not the safety net's (a slow run's)
         started = len(audited(control_plane, release))
         create_job(kube, namespace, rlhf_job("tiny"))
         wait_phase(kube, namespace, "tiny", "Pending", "RayJobCreated")
