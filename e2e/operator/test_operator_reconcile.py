@@ -97,6 +97,17 @@ def test_an_older_ray_job_copy_does_not_undo_a_newer_mirror(kube, namespace, ope
     assert phase(get_job(kube, namespace, "tiny")) == ("Provisioning", "StartingRayCluster")
 
 
+def test_the_resync_puts_back_a_status_another_hand_wrote(kube, namespace, operator_client):
+    """Our own last status write is what a stale copy of the job is compared with (reconcile.record), but
+    it is stale itself once someone else wrote the fields we own (a status edited by hand): the resync,
+    which reads the job afresh, writes them again (it did not while the RayJob still read as that write)."""
+    created = create_job(kube, namespace, rlhf_job("tiny"))
+    reconcile.reconcile(kopf.Body(created))  # Pending, RayJobCreated: our last write
+    kube.patch(api.KIND, namespace, "tiny", {"status": {"phase": "Running", "reason": "ByHand"}}, subresource="status")
+    assert reconcile.resync(namespace, "tiny", created["metadata"]["uid"], reconcile.API)
+    assert phase(get_job(kube, namespace, "tiny")) == ("Pending", "RayJobCreated")
+
+
 class Indexed(reconcile.Reads):
     """The operator's watch as it may lag: the RayJob as this copy has it, the rest from the API server."""
 

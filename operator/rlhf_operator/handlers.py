@@ -17,7 +17,7 @@
 Indexes kept by kopf from the watches it runs anyway stand in for reads (`Watched`): the RLHFJobs,
 our RayJobs, and the pods of our Ray clusters that show a problem. A new job's RayJob is not in
 its index, so it is created without a read first; a RayJob event finds its RLHFJob in its index (a
-stale copy costs a conflict and a read: status writes are conditional, see reconcile.record).
+stale copy costs a read or a conflict: status writes are conditional, see reconcile.record).
 
 The daemons make kopf put the finalizer rlhf.dev/finalizer on the RLHFJobs they run for (a
 started job with a deadline, a finished one with a TTL: so it can stop them before the object

@@ -5,7 +5,8 @@ and read only when the API server answers that it exists (409), so its owner can
 writes are conditional on the resourceVersion they were computed from, so a run interrupted
 anywhere is finished by the next one: after a restart the same state results, with one of each
 child. What the operator's watches know (handlers.py's indexes) stands in for reads: a stale copy
-costs a conflict and a read, never a wrong write.
+costs a read (of the RayJob, where our own last write is newer) or a conflict and reads, never a
+wrong write.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class Kept:
         with self._lock:
             self._items.pop(key, None)
 
+    def setdefault(self, key: Any, make: Callable[[], Any]) -> Any:
+        """The value kept for key, made and kept first if there is none."""
+        with self._lock:
+            if key not in self._items:
+                self._store(key, make())
+            return self._items[key]
+
     def first(self, key: Any) -> bool:
         """Note key; True the first time (while it is kept)."""
         with self._lock:
@@ -85,6 +93,7 @@ _validated = Kept()
 # uid -> the job as our newest status write returned it: a copy from the watch may predate that
 # write, and one whose status already looks as wanted would otherwise go unwritten.
 _written = Kept()
+_writing = Kept()  # uid -> the lock that one status write of the job holds at a time (record)
 
 
 class Reads:
@@ -186,55 +195,56 @@ def record(body: Any, observation: status.Observation, generation: int | None,
     wrote it is newer than `body`, it is recomputed, from observe_again(that job) if given (what was
     observed may be as old as the job was). confirm: what was observed may be older than the status
     `body` carries (a watched copy, while `body` is fresh), so a change is observed again before it is
-    written.
+    written. One job's writes take turns: the handlers of its events, its pods' and the resync would
+    otherwise write the same change at once, and all but one meet a conflict and read again.
     """
     client = kube.client()
     meta = body["metadata"]
-    for _ in range(STATUS_WRITE_ATTEMPTS):
-        if observation.phase == "Succeeded":  # (observe_again's too)
-            observation = replace(observation, output_model=_output_model(body))
-        current = dict(body.get("status") or {})
-        desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
-        patch = status.changes(current, desired)
-        ours = _written.get(meta["uid"])
-        if not patch and ours is not None and status.owned(ours.get("status") or {}) != status.owned(current):
-            # Read our own writes: this copy predates our last write (a copy newer than it, say kopf's
-            # annotations, carries our status), so compare with the job as we last wrote it (if that is
-            # stale in turn, the conditional write below conflicts and the job is read afresh). That write
-            # may have come from a newer RayJob than this observation did (another handler's): observe again.
-            body, meta = ours, ours["metadata"]
-            if observe_again is not None:
+    with _writing.setdefault(meta["uid"], threading.Lock):
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            ours = _written.get(meta["uid"])
+            if ours is not None and status.owned(ours.get("status") or {}) != status.owned(body.get("status") or {}):
+                # Read our own writes: this copy of the job predates our last write (a newer one, say with
+                # kopf's annotations, would carry it), so the change is computed from the job as we wrote it
+                # (if that is stale in turn, the conditional write below conflicts and the job is read afresh).
+                # That write may have come from a newer RayJob than this observation did: observe again.
+                body, meta = ours, ours["metadata"]
+                if observe_again is not None:
+                    observation = observe_again(body)
+            if observation.phase == "Succeeded":  # (observe_again's too)
+                observation = replace(observation, output_model=_output_model(body))
+            current = dict(body.get("status") or {})
+            desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
+            patch = status.changes(current, desired)
+            if not patch:
+                return
+            if confirm and observe_again is not None:
+                confirm = False
                 observation = observe_again(body)
-            continue
-        if not patch:
+                continue
+            try:
+                body = client.patch(api.KIND, meta["namespace"], meta["name"], {
+                    "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
+                }, subresource="status")
+            except ApiException as error:
+                if error.status == 404:
+                    return  # deleted: nothing to write to
+                if error.status != 409:
+                    raise
+                _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
+                body = client.get(api.KIND, meta["namespace"], meta["name"])
+                if body is None or body["metadata"]["uid"] != meta["uid"]:
+                    return  # deleted meanwhile
+                meta = body["metadata"]
+                if observe_again is not None:
+                    observation = observe_again(body)
+                continue
+            _written.put(meta["uid"], watched_copy(body))
+            crash_point("status")
+            moved = status.transition(current, desired, warning=observation.warning)
+            if moved:
+                kopf.event(body, type=moved.type, reason=moved.reason, message=moved.message)
             return
-        if confirm and observe_again is not None:
-            confirm = False
-            observation = observe_again(body)
-            continue
-        try:
-            body = client.patch(api.KIND, meta["namespace"], meta["name"], {
-                "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
-            }, subresource="status")
-        except ApiException as error:
-            if error.status == 404:
-                return  # deleted: nothing to write to
-            if error.status != 409:
-                raise
-            _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
-            body = client.get(api.KIND, meta["namespace"], meta["name"])
-            if body is None or body["metadata"]["uid"] != meta["uid"]:
-                return  # deleted meanwhile
-            meta = body["metadata"]
-            if observe_again is not None:
-                observation = observe_again(body)
-            continue
-        _written.put(meta["uid"], watched_copy(body))
-        crash_point("status")
-        moved = status.transition(current, desired, warning=observation.warning)
-        if moved:
-            kopf.event(body, type=moved.type, reason=moved.reason, message=moved.message)
-        return
     raise kopf.TemporaryError("the RLHFJob kept changing while its status was written", delay=1)
 
 
@@ -344,6 +354,9 @@ def resync(namespace: str, name: str, uid: str, reads: Reads) -> bool:
     body = API.job(namespace, name)
     if body is None or body["metadata"]["uid"] != uid:
         return False
+    # This read is as new as our last status write or newer: compared with it, not with that write,
+    # a status another hand wrote since (one we would write again) is put right here at the latest.
+    _written.pop(uid)
     usage.settle(body)
     reconcile(body, reads)
     return True
