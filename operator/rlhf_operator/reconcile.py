@@ -91,7 +91,7 @@ _warned_invalid = Kept()  # (uid, generation): SpecNoLongerValid posted once eac
 # (uid, generation) -> validate()'s verdict: a spec is checked once
 _validated = Kept()
 # uid -> the job as our newest status write returned it: a copy from the watch may predate that
-# write, and one whose status already looks as wanted would otherwise go unwritten.
+# write, and is then caught up from it (record).
 _written = Kept()
 _writing = Kept()  # uid -> the lock that one status write of the job holds at a time (record)
 
@@ -198,53 +198,59 @@ def record(body: Any, observation: status.Observation, generation: int | None,
     written. One job's writes take turns: the handlers of its events, its pods' and the resync would
     otherwise write the same change at once, and all but one meet a conflict and read again.
     """
+    with _writing.setdefault(body["metadata"]["uid"], threading.Lock):
+        _record_in_turn(body, observation, generation, observe_again, confirm)
+
+
+def _record_in_turn(body: Any, observation: status.Observation, generation: int | None,
+                    observe_again: Callable[[Any], status.Observation] | None, confirm: bool) -> None:
+    """record's write, made while it holds the job's turn."""
     client = kube.client()
     meta = body["metadata"]
-    with _writing.setdefault(meta["uid"], threading.Lock):
-        for _ in range(STATUS_WRITE_ATTEMPTS):
-            ours = _written.get(meta["uid"])
-            if ours is not None and status.owned(ours.get("status") or {}) != status.owned(body.get("status") or {}):
-                # Read our own writes: this copy of the job predates our last write (a newer one, say with
-                # kopf's annotations, would carry it), so the change is computed from the job as we wrote it
-                # (if that is stale in turn, the conditional write below conflicts and the job is read afresh).
-                # That write may have come from a newer RayJob than this observation did: observe again.
-                body, meta = ours, ours["metadata"]
-                if observe_again is not None:
-                    observation = observe_again(body)
-            if observation.phase == "Succeeded":  # (observe_again's too)
-                observation = replace(observation, output_model=_output_model(body))
-            current = dict(body.get("status") or {})
-            desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
-            patch = status.changes(current, desired)
-            if not patch:
-                return
-            if confirm and observe_again is not None:
-                confirm = False
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        ours = _written.get(meta["uid"])
+        if ours is not None and status.owned(ours.get("status") or {}) != status.owned(body.get("status") or {}):
+            # Read our own writes: this copy of the job predates our last write (a newer one, say with
+            # kopf's annotations, would carry it), so the change is computed from the job as we wrote it
+            # (if that is stale in turn, the conditional write below conflicts and the job is read afresh).
+            # That write may have come from a newer RayJob than this observation did: observe again.
+            body, meta = ours, ours["metadata"]
+            if observe_again is not None:
                 observation = observe_again(body)
-                continue
-            try:
-                body = client.patch(api.KIND, meta["namespace"], meta["name"], {
-                    "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
-                }, subresource="status")
-            except ApiException as error:
-                if error.status == 404:
-                    return  # deleted: nothing to write to
-                if error.status != 409:
-                    raise
-                _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
-                body = client.get(api.KIND, meta["namespace"], meta["name"])
-                if body is None or body["metadata"]["uid"] != meta["uid"]:
-                    return  # deleted meanwhile
-                meta = body["metadata"]
-                if observe_again is not None:
-                    observation = observe_again(body)
-                continue
-            _written.put(meta["uid"], watched_copy(body))
-            crash_point("status")
-            moved = status.transition(current, desired, warning=observation.warning)
-            if moved:
-                kopf.event(body, type=moved.type, reason=moved.reason, message=moved.message)
+        if observation.phase == "Succeeded":  # (observe_again's too)
+            observation = replace(observation, output_model=_output_model(body))
+        current = dict(body.get("status") or {})
+        desired = status.next_status(current, observation, lifecycle.timestamp(lifecycle.now()), generation)
+        patch = status.changes(current, desired)
+        if not patch:
             return
+        if confirm and observe_again is not None:
+            confirm = False
+            observation = observe_again(body)
+            continue
+        try:
+            body = client.patch(api.KIND, meta["namespace"], meta["name"], {
+                "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch,
+            }, subresource="status")
+        except ApiException as error:
+            if error.status == 404:
+                return  # deleted: nothing to write to
+            if error.status != 409:
+                raise
+            _written.pop(meta["uid"])  # someone wrote after us: the fresh read below is newer
+            body = client.get(api.KIND, meta["namespace"], meta["name"])
+            if body is None or body["metadata"]["uid"] != meta["uid"]:
+                return  # deleted meanwhile
+            meta = body["metadata"]
+            if observe_again is not None:
+                observation = observe_again(body)
+            continue
+        _written.put(meta["uid"], watched_copy(body))
+        crash_point("status")
+        moved = status.transition(current, desired, warning=observation.warning)
+        if moved:
+            kopf.event(body, type=moved.type, reason=moved.reason, message=moved.message)
+        return
     raise kopf.TemporaryError("the RLHFJob kept changing while its status was written", delay=1)
 
 
